@@ -1,0 +1,18 @@
+"""gpuknap: batched, exact activation-recompute knapsacks for pipeline-parallel splits.
+
+Every stage of every candidate split is a multiple-choice knapsack over its
+layers' recompute options; gpuknap packs many candidates into one batch and
+solves all stages with min-plus passes on NumPy or CuPy.
+"""
+from .backend import BackendUnavailable, cupy_available, get_backend
+from .options import MEGABYTE, LayerOption, Layers
+from .ranking import Ranking, rank
+from .results import Assignment, PipelineChoice, Stage, StageChoice
+from .stage import choose, least_times, pp_lite, suffix_times
+
+__all__ = [
+    "MEGABYTE", "LayerOption", "Layers", "Assignment", "StageChoice", "Stage", "PipelineChoice",
+    "choose", "least_times", "suffix_times", "pp_lite", "rank", "Ranking",
+    "get_backend", "cupy_available", "BackendUnavailable",
+]
+__version__ = "0.1.0"

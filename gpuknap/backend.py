@@ -1,0 +1,119 @@
+"""Array backends: NumPy everywhere, CuPy where it imports AND a CUDA device is present.
+
+This is the only module that imports CuPy, and it does so lazily: ``import
+gpuknap`` never touches it.  ``backend="auto"`` (the default) takes CuPy when
+it is usable and NumPy otherwise; the ``GPUKNAP_BACKEND`` environment
+variable overrides ``"auto"``.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from . import passes
+
+BACKENDS = ("auto", "numpy", "cupy")
+ENV_VAR = "GPUKNAP_BACKEND"
+
+#: Default working memory on the CPU: a quarter of what is available, at most this.
+CPU_DEFAULT_CAP = 2 * 2**30
+#: Share of the free device memory a batch may use on the GPU.
+GPU_FREE_SHARE = 0.5
+
+
+class BackendUnavailable(RuntimeError):
+    """The requested backend cannot run here (the message says why)."""
+
+
+@dataclass(frozen=True)
+class Backend:
+    """An array module plus how one level's min-plus pass runs on it."""
+
+    name: str
+    xp: Any
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.name == "cupy"
+
+    def pass_level(self, prev: Any, parent: Any, level: Any, tables: tuple | None = None) -> Any:
+        """One min-plus pass (kernel on CuPy, plain xp code on NumPy)."""
+        if self.is_gpu and tables is not None:
+            from ._kernels import minplus_pass
+            return minplus_pass(prev, parent, tables[0], tables[1], level.width)
+        return passes.pass_level(self.xp, prev, parent, level.width, level.segments)
+
+    def to_host(self, array: Any) -> np.ndarray:
+        return array.get() if self.is_gpu else np.asarray(array)
+
+    def default_max_bytes(self) -> int:
+        """Working memory a batch may use when ``max_bytes`` is None."""
+        if self.is_gpu:
+            free, _total = self.xp.cuda.runtime.memGetInfo()
+            return int(free * GPU_FREE_SHARE)
+        return min(CPU_DEFAULT_CAP, _available_host_bytes() // 4)
+
+
+def _available_host_bytes() -> int:
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 8 * 2**30
+
+
+NUMPY = Backend("numpy", np)
+
+
+@lru_cache(maxsize=1)
+def _cupy_status() -> tuple[Any, str]:
+    """``(cupy, "")`` when usable, else ``(None, reason)``."""
+    try:
+        import cupy  # noqa: PLC0415 - the one lazy import of CuPy
+    except Exception as exc:  # ImportError, or a broken CUDA install
+        return None, f"CuPy is not installed or failed to import ({exc.__class__.__name__}: {exc})"
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:
+        return None, f"CuPy imports but no CUDA device is usable ({exc.__class__.__name__}: {exc})"
+    if count < 1:
+        return None, "CuPy imports but no CUDA device is present"
+    return cupy, ""
+
+
+def cupy_available() -> tuple[bool, str]:
+    """Whether the CuPy backend can run here, and if not, why."""
+    cupy, reason = _cupy_status()
+    return cupy is not None, reason
+
+
+def get_backend(name: str | None = "auto") -> Backend:
+    """Resolve a backend name (``"auto"``, ``"numpy"``, ``"cupy"``)."""
+    if name is None:
+        name = "auto"
+    if not isinstance(name, str) or name not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {name!r}")
+    if name == "auto":
+        env = os.environ.get(ENV_VAR, "").strip()
+        if env and env != "auto":
+            if env not in BACKENDS:
+                raise ValueError(f"{ENV_VAR} must be one of {BACKENDS}, got {env!r}")
+            name = env
+    if name == "numpy":
+        return NUMPY
+    cupy, reason = _cupy_status()
+    if cupy is None:
+        if name == "cupy":
+            raise BackendUnavailable(f"backend 'cupy' is unavailable: {reason}")
+        return NUMPY
+    return Backend("cupy", cupy)

@@ -1,0 +1,185 @@
+"""Layer options, layer groups and the useful-option fronts of the contract.
+
+An *option* is one way to run a layer (keep everything, selective recompute,
+full recompute, offload ...).  Anything with ``memory(k)``, ``forward_time``
+and ``backward_time`` is accepted as an option; :class:`LayerOption` is the
+shipped implementation.  A *front* maps a layer kind to its options.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Hashable, Mapping, Sequence
+
+import numpy as np
+
+MEGABYTE = 2**20
+
+
+@dataclass(frozen=True)
+class LayerOption:
+    """One way to run a layer.
+
+    ``memory(k) = k * per_micro_batch + held_once - excess(k)`` bytes while
+    the stage holds ``k`` micro-batches in flight; ``excess`` is a tuple of
+    ``(in_flight, bytes)`` corrections (0 for counts not listed).
+    """
+
+    name: str
+    per_micro_batch: float
+    forward_time: float
+    backward_time: float
+    held_once: float = 0.0
+    excess: tuple = ()
+
+    def memory(self, in_flight: int) -> float:
+        """Bytes kept by one layer running this option at ``in_flight``."""
+        extra = 0.0
+        for count, nbytes in self.excess:
+            if count == in_flight:
+                extra = nbytes
+                break
+        return in_flight * self.per_micro_batch + self.held_once - extra
+
+    @property
+    def time(self) -> float:
+        """Forward plus backward time."""
+        return self.forward_time + self.backward_time
+
+
+@dataclass(frozen=True)
+class Layers:
+    """``count`` consecutive layers of one ``kind`` holding ``in_flight`` micro-batches."""
+
+    kind: Hashable
+    count: int
+    in_flight: int = 1
+
+
+def option_time(option: Any) -> float:
+    """``forward_time + backward_time`` of any option-like object."""
+    return option.forward_time + option.backward_time
+
+
+def check_bucket(bucket: Any) -> float:
+    """Validate a bucket size in bytes."""
+    if isinstance(bucket, bool) or not isinstance(bucket, (int, float, np.integer, np.floating)):
+        raise ValueError(f"bucket must be a positive number of bytes, got {bucket!r}")
+    if not math.isfinite(bucket) or bucket <= 0:
+        raise ValueError(f"bucket must be a positive finite number of bytes, got {bucket!r}")
+    return bucket
+
+
+def check_number(value: Any, field: str, *, allow_inf: bool = False) -> float:
+    """A real number (not NaN; finite unless ``allow_inf``), else ValueError naming ``field``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ValueError(f"{field} must be a number, got {value!r}")
+    if math.isnan(value) or (not allow_inf and math.isinf(value)):
+        raise ValueError(f"{field} must be finite, got {value!r}")
+    return value
+
+
+def check_layers(group: Any, where: str) -> Layers:
+    """Validate one group of layers."""
+    if not isinstance(group, Layers):
+        raise ValueError(f"{where} must be a Layers, got {type(group).__name__}")
+    count, in_flight = group.count, group.in_flight
+    if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:
+        raise ValueError(f"{where}.count must be an integer >= 0, got {count!r}")
+    if isinstance(in_flight, bool) or not isinstance(in_flight, (int, np.integer)) or in_flight < 1:
+        raise ValueError(f"{where}.in_flight must be an integer >= 1, got {in_flight!r}")
+    return group
+
+
+@dataclass(frozen=True)
+class Front:
+    """The useful options of one kind at one in-flight count, in bytes and buckets.
+
+    ``options`` run from the lightest (slowest) to the fastest; ``weights`` are
+    whole buckets, ``memories`` exact bytes and ``times`` forward + backward.
+    """
+
+    kind: Hashable
+    in_flight: int
+    options: tuple
+    memories: np.ndarray
+    times: np.ndarray
+    weights: np.ndarray
+
+    @property
+    def fastest(self) -> int:
+        """Index of the fastest useful option (the last one)."""
+        return len(self.options) - 1
+
+
+def useful_options(kind: Hashable, options: Sequence[Any], in_flight: int) -> list[tuple[float, float, Any]]:
+    """``(memory, time, option)`` of the useful options, lightest to fastest.
+
+    Sort by ``(memory(k), time)`` and keep an option only if it is strictly
+    faster than every option kept before it.  Raises ValueError for an empty
+    front, NaN or negative times and negative memory.
+    """
+    if options is None or len(options) == 0:
+        raise ValueError(f"fronts[{kind!r}] is empty: every kind needs at least one option")
+    rows = []
+    for j, opt in enumerate(options):
+        where = f"fronts[{kind!r}][{j}]"
+        try:
+            fwd, bwd = opt.forward_time, opt.backward_time
+            mem = opt.memory(in_flight)
+        except AttributeError as exc:
+            raise ValueError(f"{where} is not an option (needs memory(k), forward_time, backward_time)") from exc
+        for name, val in (("forward_time", fwd), ("backward_time", bwd)):
+            check_number(val, f"{where}.{name}")
+            if val < 0:
+                raise ValueError(f"{where}.{name} must be >= 0, got {val!r}")
+        check_number(mem, f"{where}.memory({in_flight})")
+        if mem < 0:
+            raise ValueError(f"{where}.memory({in_flight}) comes out negative ({mem!r} bytes)")
+        rows.append((float(mem), float(fwd + bwd), j, opt))
+    rows.sort(key=lambda r: (r[0], r[1], r[2]))
+    kept: list[tuple[float, float, Any]] = []
+    for mem, time, _, opt in rows:
+        if not kept or time < kept[-1][1]:
+            kept.append((mem, time, opt))
+    return kept
+
+
+class FrontTable:
+    """Caches the :class:`Front` of every ``(kind, in_flight)`` for one bucket size."""
+
+    def __init__(self, fronts: Mapping[Hashable, Sequence[Any]], bucket: float):
+        if not isinstance(fronts, Mapping):
+            raise ValueError(f"fronts must be a mapping from kind to options, got {type(fronts).__name__}")
+        self.fronts = fronts
+        self.bucket = check_bucket(bucket)
+        self._cache: dict[tuple, Front] = {}
+
+    def get(self, kind: Hashable, in_flight: int) -> Front:
+        """The front of ``kind`` at ``in_flight`` (validated on first use)."""
+        key = (kind, int(in_flight))
+        front = self._cache.get(key)
+        if front is None:
+            try:
+                options = self.fronts[kind]
+            except (KeyError, TypeError):
+                raise ValueError(f"kind {kind!r} is missing from fronts") from None
+            kept = useful_options(kind, options, int(in_flight))
+            mems = np.array([m for m, _, _ in kept], dtype=np.float64)
+            times = np.array([t for _, t, _ in kept], dtype=np.float64)
+            weights = np.array([buckets_up(m, self.bucket) for m in mems], dtype=np.int64)
+            front = Front(kind, int(in_flight), tuple(o for _, _, o in kept), mems, times, weights)
+            self._cache[key] = front
+        return front
+
+
+def buckets_up(nbytes: float, bucket: float) -> int:
+    """Whole buckets an option of ``nbytes`` weighs: ``ceil(nbytes / bucket)``."""
+    return int(-(-nbytes // bucket))
+
+
+def buckets_down(budget: float, bucket: float, cap: int | None = None) -> int:
+    """Whole buckets a budget allows: ``floor(budget / bucket)``, at most ``cap``."""
+    if cap is not None and (math.isinf(budget) or budget // bucket > cap):
+        return cap
+    return int(budget // bucket)

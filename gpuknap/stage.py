@@ -1,0 +1,196 @@
+"""Exact single-stage solvers: ``choose``, ``least_times``, ``suffix_times``, ``pp_lite``.
+
+These run on NumPy, one stage at a time, with the same min-plus pass
+(:func:`gpuknap.passes.pass_level`) the batched engine uses, so their times
+are bit-identical to the batch's readouts.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Hashable, Mapping, Sequence
+
+import numpy as np
+
+from .options import MEGABYTE, Front, FrontTable, Layers, buckets_down, check_number
+from .passes import Segment, pass_level
+from .problem import FASTEST, INFEASIBLE, canonical, check_groups, sequential_time, verdict, zeros_row
+from .results import Assignment, PipelineChoice, Stage, StageChoice
+
+Fronts = Mapping[Hashable, Sequence[Any]]
+
+#: Largest DP table (bytes) a single-stage solve may build before it refuses.
+SINGLE_STAGE_LIMIT = 2**31
+
+
+def _segment(front: Front) -> list[Segment]:
+    return [Segment(0, 1, front.weights, front.times)]
+
+
+def _guard(cells: int, bucket: float, what: str) -> None:
+    if cells * 8 > SINGLE_STAGE_LIMIT:
+        factor = math.ceil(cells * 8 / SINGLE_STAGE_LIMIT)
+        raise ValueError(
+            f"{what} needs a DP table of {cells * 8 / 2**30:.1f} GiB; "
+            f"use a bucket of at least {bucket * factor:.0f} bytes"
+        )
+
+
+def _assemble(groups: Sequence[Layers], fronts: list[Front], option_counts: list[list[int]], time: float) -> StageChoice:
+    """Build a StageChoice from per-group option counts (lightest option first)."""
+    assignments = []
+    memory = 0.0
+    for g, f, counts in zip(groups, fronts, option_counts):
+        for j, n in enumerate(counts):
+            if n:
+                assignments.append(Assignment(g, f.options[j], n))
+                memory += n * float(f.memories[j])
+    return StageChoice(tuple(assignments), memory, time)
+
+
+def _choose(table: FrontTable, groups: tuple, budget: float) -> StageChoice | None:
+    """``choose`` on validated groups with a shared front table."""
+    problem = canonical(groups, budget)
+    fronts = [table.get(g.kind, g.in_flight) for g in groups]
+    how = verdict(problem, table)
+    if how.kind == INFEASIBLE:
+        return None
+    if how.kind == FASTEST:
+        counts = [[0] * (len(f.options) - 1) + [g.count] for g, f in zip(groups, fronts)]
+        return _assemble(groups, fronts, counts, how.time)
+    capacity = how.capacity
+    steps = [(gi, f) for gi, (g, f) in enumerate(zip(groups, fronts)) for _ in range(g.count)]
+    _guard((len(steps) + 1) * (capacity + 1), table.bucket, "this stage")
+    history = [zeros_row(capacity + 1)]
+    for _, f in steps:
+        history.append(pass_level(np, history[-1], None, capacity + 1, _segment(f)))
+    last = history[-1][0]
+    best = last[capacity]
+    if math.isinf(best):
+        return None
+    c = int(np.argmax(last[: capacity + 1] == best))  # least weight among least time
+    option_counts = [[0] * len(f.options) for f in fronts]
+    for layer in range(len(steps), 0, -1):
+        gi, f = steps[layer - 1]
+        here, before = history[layer][0], history[layer - 1][0]
+        for j, (w, t) in enumerate(zip(f.weights.tolist(), f.times.tolist())):
+            if w <= c and before[c - w] + t == here[c]:
+                option_counts[gi][j] += 1
+                c -= w
+                break
+        else:  # pragma: no cover - the DP always has a predecessor
+            raise AssertionError("DP traceback found no predecessor")
+    return _assemble(groups, fronts, option_counts, float(best))
+
+
+def choose(groups: Sequence[Layers], fronts: Fronts, budget: float, bucket: float = MEGABYTE) -> StageChoice | None:
+    """The fastest choice of options for ``groups`` within ``budget`` bytes, or None.
+
+    Exact per the contract: all-fastest when it fits in exact bytes, else the
+    bucketed multiple-choice knapsack (least time, then least buckets).
+    """
+    table = FrontTable(fronts, bucket)
+    return _choose(table, check_groups(groups), budget)
+
+
+def least_times(groups: Sequence[Layers], fronts: Fronts, budget: float, bucket: float = MEGABYTE) -> Callable[[float], float]:
+    """``within(room)``: the least time of ``groups`` within ``room`` bytes, for every room.
+
+    One pass over the layers answers every ``0 <= room <= budget``; rooms at
+    or above the all-fastest bytes give the all-fastest time; negative rooms
+    give ``inf``.  Other rooms above ``budget`` raise ValueError.
+    """
+    table = FrontTable(fronts, bucket)
+    groups = check_groups(groups)
+    problem = canonical(groups, budget)
+    fronts_ = [table.get(g.kind, g.in_flight) for g in groups]
+    fastest_bytes = 0.0
+    for g, f in zip(groups, fronts_):
+        fastest_bytes += g.count * float(f.memories[-1])
+    fastest_time = sequential_time([float(f.times[-1]) for f in fronts_], [g.count for g in groups])
+    curve = np.full(1, np.inf)
+    if budget >= 0:
+        width = buckets_down(budget, table.bucket, cap=buckets_down(fastest_bytes, table.bucket)) + 1
+        _guard(2 * width, table.bucket, "least_times")
+        row = zeros_row(width)
+        for (key, n) in problem.runs:
+            f = table.get(*key)
+            for _ in range(n):
+                row = pass_level(np, row, None, width, _segment(f))
+        curve = row[0]
+
+    def within(room: float) -> float:
+        check_number(room, "room", allow_inf=True)
+        if room < 0:
+            return math.inf
+        if room >= fastest_bytes:
+            return fastest_time
+        if room > budget:
+            raise ValueError(f"room {room!r} is above the budget {budget!r} this curve was built for")
+        return float(curve[buckets_down(room, table.bucket)])
+
+    return within
+
+
+def suffix_times(layers: Sequence[Layers], fronts: Fronts, budgets: Sequence[float], bucket: float = MEGABYTE) -> list[float]:
+    """Entry i: the least bucketed time of ``layers[i:]`` within ``budgets[i]``.
+
+    ``layers`` are single layers (count 1) in model order; ``budgets`` has one
+    more entry than ``layers``.  No exact-bytes shortcut: always the bucketed
+    optimum; ``inf`` where nothing fits or the budget is negative.
+    """
+    table = FrontTable(fronts, bucket)
+    layers = check_groups(layers, "layers")
+    for i, g in enumerate(layers):
+        if g.count != 1:
+            raise ValueError(f"layers[{i}].count must be 1 for suffix_times, got {g.count}")
+    if isinstance(budgets, (str, bytes)) or not isinstance(budgets, (Sequence, np.ndarray)):
+        raise ValueError(f"budgets must be a sequence of numbers, got {type(budgets).__name__}")
+    if len(budgets) != len(layers) + 1:
+        raise ValueError(f"budgets must have len(layers) + 1 = {len(layers) + 1} entries, got {len(budgets)}")
+    budgets = [float(check_number(b, f"budgets[{i}]", allow_inf=True)) for i, b in enumerate(budgets)]
+    fronts_ = [table.get(g.kind, g.in_flight) for g in layers]
+    heaviest = sum(int(f.weights[-1]) for f in fronts_)
+    caps = [buckets_down(b, table.bucket, cap=heaviest) if b >= 0 else -1 for b in budgets]
+    width = max(caps) + 1
+    out = [math.inf] * len(budgets)
+    if width <= 0:
+        return out
+    _guard(2 * width, table.bucket, "suffix_times")
+    row = zeros_row(width)
+    if caps[-1] >= 0:
+        out[-1] = 0.0
+    for i in range(len(layers) - 1, -1, -1):
+        row = pass_level(np, row, None, width, _segment(fronts_[i]))
+        if caps[i] >= 0:
+            out[i] = float(row[0, caps[i]])
+    return out
+
+
+def check_stages(stages: Any, where: str = "stages") -> tuple:
+    """Validate a candidate: a non-empty sequence of :class:`Stage`."""
+    if isinstance(stages, (str, bytes)) or not isinstance(stages, Sequence) or len(stages) == 0:
+        raise ValueError(f"{where} must be a non-empty sequence of Stage")
+    for s, stage in enumerate(stages):
+        if not isinstance(stage, Stage):
+            raise ValueError(f"{where}[{s}] must be a Stage, got {type(stage).__name__}")
+        check_groups(stage.groups, f"{where}[{s}].groups")
+        check_number(stage.budget, f"{where}[{s}].budget", allow_inf=True)
+        check_number(stage.fixed_time, f"{where}[{s}].fixed_time")
+    return tuple(stages)
+
+
+def pp_lite(stages: Sequence[Stage], fronts: Fronts, bucket: float = MEGABYTE) -> PipelineChoice | None:
+    """Solve every stage on its own budget; None if any stage has no choice."""
+    table = FrontTable(fronts, bucket)
+    stages = check_stages(stages)
+    for stage in stages:  # validate every kind before solving anything
+        for g in stage.groups:
+            table.get(g.kind, g.in_flight)
+    choices, times = [], []
+    for stage in stages:
+        choice = _choose(table, stage.groups, stage.budget)
+        if choice is None:
+            return None
+        choices.append(choice)
+        times.append(choice.time + stage.fixed_time)
+    return PipelineChoice(tuple(choices), tuple(times))
