@@ -31,20 +31,32 @@ class BackendUnavailable(RuntimeError):
 
 @dataclass(frozen=True)
 class Backend:
-    """An array module plus how one level's min-plus pass runs on it."""
+    """An array module plus how one level's min-plus pass runs on it.
+
+    ``mode``: ``"segments"`` (plain xp code, blocks of rows sharing a step),
+    ``"tables"`` (plain xp code reading per-row option tables) or ``"cuda"``
+    (the CUDA kernel of ``_kernels``, CuPy only).  All three are bit-identical.
+    """
 
     name: str
     xp: Any
+    mode: str = "segments"
 
     @property
     def is_gpu(self) -> bool:
         return self.name == "cupy"
 
+    @property
+    def uses_tables(self) -> bool:
+        return self.mode != "segments"
+
     def pass_level(self, prev: Any, parent: Any, level: Any, tables: tuple | None = None) -> Any:
-        """One min-plus pass (kernel on CuPy, plain xp code on NumPy)."""
-        if self.is_gpu and tables is not None:
+        """One min-plus pass over every row of ``level``."""
+        if self.mode == "cuda":
             from ._kernels import minplus_pass
             return minplus_pass(prev, parent, tables[0], tables[1], level.width)
+        if self.mode == "tables":
+            return passes.pass_level_tables(self.xp, prev, parent, tables[0], tables[1], level.width)
         return passes.pass_level(self.xp, prev, parent, level.width, level.segments)
 
     def to_host(self, array: Any) -> np.ndarray:
@@ -97,8 +109,10 @@ def cupy_available() -> tuple[bool, str]:
     return cupy is not None, reason
 
 
-def get_backend(name: str | None = "auto") -> Backend:
-    """Resolve a backend name (``"auto"``, ``"numpy"``, ``"cupy"``)."""
+def get_backend(name: "str | Backend | None" = "auto") -> Backend:
+    """Resolve a backend name (``"auto"``, ``"numpy"``, ``"cupy"``); a Backend passes through."""
+    if isinstance(name, Backend):
+        return name
     if name is None:
         name = "auto"
     if not isinstance(name, str) or name not in BACKENDS:
@@ -116,4 +130,4 @@ def get_backend(name: str | None = "auto") -> Backend:
         if name == "cupy":
             raise BackendUnavailable(f"backend 'cupy' is unavailable: {reason}")
         return NUMPY
-    return Backend("cupy", cupy)
+    return Backend("cupy", cupy, "cuda")

@@ -23,7 +23,7 @@ def _upload(backend: Backend, chunk: Chunk) -> list[tuple]:
     reads_r = xp.asarray(np.concatenate([lv.read_rows for lv in levels]))
     reads_c = xp.asarray(np.concatenate([lv.read_cols for lv in levels]))
     tables = [None] * len(levels)
-    if backend.is_gpu:
+    if backend.uses_tables:
         n_opt = max(lv.tables()[0].shape[1] for lv in levels)
         ws, ts = [], []
         for lv in levels:
@@ -36,7 +36,7 @@ def _upload(backend: Backend, chunk: Chunk) -> list[tuple]:
     row0 = read0 = 0
     for i, lv in enumerate(levels):
         rows, reads = lv.rows, len(lv.read_ids)
-        if backend.is_gpu:
+        if backend.uses_tables:
             tables[i] = (w_all[row0:row0 + rows], t_all[row0:row0 + rows])
         out.append((parents[row0:row0 + rows], tables[i], reads_r[read0:read0 + reads], reads_c[read0:read0 + reads]))
         row0 += rows

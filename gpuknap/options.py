@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Hashable, Mapping, Sequence
+from typing import Any, Hashable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -47,9 +47,13 @@ class LayerOption:
         return self.forward_time + self.backward_time
 
 
-@dataclass(frozen=True)
-class Layers:
-    """``count`` consecutive layers of one ``kind`` holding ``in_flight`` micro-batches."""
+class Layers(NamedTuple):
+    """``count`` layers of one ``kind`` holding ``in_flight`` micro-batches.
+
+    Immutable like the dataclasses here, but a named tuple so that hashing and
+    comparing the groups of hundreds of thousands of stages (batch dedup)
+    runs at C speed.
+    """
 
     kind: Hashable
     count: int

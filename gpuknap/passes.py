@@ -39,16 +39,55 @@ def pass_level(xp: Any, prev: Any, parent: Any, width: int, segments: Sequence[S
     ``parent`` an index array into its rows, or ``None`` for the identity.
     Returns a new ``[len(parent), width]`` float64 array.
     """
-    gathered = prev[:, :width] if parent is None else prev[parent, :width]
-    out = xp.full(gathered.shape, xp.inf, dtype=xp.float64)
+    gathered = _gather(xp, prev, parent, width)
+    out = xp.empty(gathered.shape, dtype=xp.float64)
+    scratch = None
     for seg in segments:
         src = gathered[seg.start:seg.stop]
         dst = out[seg.start:seg.stop]
+        filled = False
         for w, t in zip(seg.weights.tolist(), seg.times.tolist()):
             if w >= width:
                 continue
-            tail = dst[:, w:]
-            xp.minimum(tail, src[:, : width - w] + t, out=tail)
+            if not filled:  # first option: write the shifted row, inf below its weight
+                dst[:, :w] = xp.inf
+                xp.add(src[:, : width - w], t, out=dst[:, w:])
+                filled = True
+                continue
+            if scratch is None:
+                scratch = xp.empty((max(s.stop - s.start for s in segments), width), dtype=xp.float64)
+            tmp = scratch[: seg.stop - seg.start, : width - w]
+            xp.add(src[:, : width - w], t, out=tmp)
+            xp.minimum(dst[:, w:], tmp, out=dst[:, w:])
+        if not filled:
+            dst[...] = xp.inf
+    return out
+
+
+def _gather(xp: Any, prev: Any, parent: Any, width: int) -> Any:
+    """``prev[parent, :width]``, as a view when the parents are rows 0..R-1 in order."""
+    if parent is None:
+        return prev[:, :width]
+    rows = len(parent)
+    if rows <= prev.shape[0] and (rows == 0 or (int(parent[0]) == 0 and int(parent[-1]) == rows - 1
+                                                and bool((parent[1:] - parent[:-1] == 1).all()))):
+        return prev[:rows, :width]
+    return prev[parent, :width]
+
+
+def pass_level_tables(xp: Any, prev: Any, parent: Any, weights: Any, times: Any, width: int) -> Any:
+    """The same pass as :func:`pass_level`, reading per-row option tables.
+
+    ``weights``/``times`` are ``[rows, O]`` (see :func:`option_tables`); this is
+    the plain-xp twin of the CUDA kernel, used to test the table path anywhere.
+    """
+    src = _gather(xp, prev, parent, width)
+    cols = xp.arange(width, dtype=xp.int64)[None, :]
+    out = xp.full(src.shape, xp.inf, dtype=xp.float64)
+    for o in range(weights.shape[1]):
+        idx = cols - weights[:, o:o + 1].astype(xp.int64)
+        vals = xp.take_along_axis(src, xp.maximum(idx, 0), axis=1) + times[:, o:o + 1]
+        out = xp.where(idx >= 0, xp.minimum(out, vals), out)
     return out
 
 

@@ -5,6 +5,10 @@ solved once; the rest go to the batched engine as knapsacks.
 """
 from __future__ import annotations
 
+import gc
+from contextlib import contextmanager
+from itertools import chain, count
+from operator import attrgetter
 from typing import Any, Hashable, Mapping, Sequence
 
 import numpy as np
@@ -89,6 +93,71 @@ def solve_problems(problems: Sequence[StageProblem], table: FrontTable, backend:
     return values
 
 
+@contextmanager
+def _gc_paused():
+    """Pause the cyclic GC while packing: the packing makes many small acyclic
+    objects, and collections triggered by them would rescan the whole batch."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+_KEY = attrgetter("groups", "budget")
+_FIXED = attrgetter("fixed_time")
+
+
+def _where(offsets: Sequence[int], i: int) -> str:
+    c = int(np.searchsorted(offsets, i, side="right")) - 1
+    return f"candidates[{c}][{i - offsets[c]}]"
+
+
+def _hashable(stage: Stage) -> bool:
+    try:
+        hash((stage.groups, stage.budget))
+        return True
+    except TypeError:
+        return False
+
+
+def _flatten(candidates: list) -> tuple[list, list[int]]:
+    """All stages in one list, and each candidate's offset into it (validated)."""
+    if all(type(c) in (list, tuple) and c for c in candidates):
+        flat = list(chain.from_iterable(candidates))
+        if set(map(type, flat)) == {Stage}:
+            offsets = np.cumsum([0] + [len(c) for c in candidates]).tolist()
+            return flat, offsets
+    for c, stages in enumerate(candidates):  # slow path: find what is wrong, or accept
+        candidates[c] = check_stages(stages, f"candidates[{c}]")
+    return _flatten_checked(candidates)
+
+
+def _flatten_checked(candidates: list) -> tuple[list, list[int]]:
+    flat = [s for c in candidates for s in c]
+    return flat, np.cumsum([0] + [len(c) for c in candidates]).tolist()
+
+
+def _fixed_times(flat: list, offsets: list) -> np.ndarray:
+    """Every stage's fixed time as float64, with a ValueError naming a bad one."""
+    out = None
+    bad = not set(map(type, map(_FIXED, flat))) <= {float, int, np.float64}
+    if not bad:
+        out = np.fromiter(map(_FIXED, flat), dtype=np.float64, count=len(flat))
+        bad = not np.isfinite(out).all()
+    if bad:
+        for i, value in enumerate(map(_FIXED, flat)):
+            try:
+                ok = not isinstance(value, bool) and np.isfinite(float(value))
+            except (TypeError, ValueError):
+                ok = False
+            if not ok:
+                raise ValueError(f"{_where(offsets, i)}.fixed_time must be a finite number, got {value!r}")
+    return out
+
+
 def rank(candidates: Sequence[Sequence[Stage]], fronts: Mapping[Hashable, Sequence[Any]],
          bucket: float = MEGABYTE, backend: str | None = "auto", max_bytes: int | None = None) -> Ranking:
     """Score every candidate exactly as ``pp_lite`` would, in one batch."""
@@ -99,28 +168,31 @@ def rank(candidates: Sequence[Sequence[Stage]], fronts: Mapping[Hashable, Sequen
     if isinstance(candidates, (str, bytes)) or not isinstance(candidates, Sequence):
         raise ValueError(f"candidates must be a sequence of candidates, got {type(candidates).__name__}")
     candidates = list(candidates)
-    index: dict[tuple, int] = {}
-    problems: list[StageProblem] = []
-    stage_ids: list[int] = []
-    fixed: list[float] = []
-    offsets = [0]
-    for c, stages in enumerate(candidates):
-        stages = check_stages(stages, f"candidates[{c}]")
-        for s, stage in enumerate(stages):
-            try:
-                key = (stage.groups, stage.budget)
-                ident = index.get(key)
-            except TypeError:
-                raise ValueError(f"candidates[{c}][{s}] has an unhashable layer kind") from None
-            if ident is None:
-                problem = canonical(stage.groups, stage.budget, f"candidates[{c}][{s}].groups")
-                fronts_of(problem, table)
-                ident = index[key] = len(problems)
-                problems.append(problem)
-            stage_ids.append(ident)
-            fixed.append(stage.fixed_time)
-        offsets.append(len(stage_ids))
+    with _gc_paused():
+        flat, offsets = _flatten(candidates)
+        stage_ids, problems, fixed_a = _dedup(flat, offsets, table)
     values = solve_problems(problems, table, backend, max_bytes)
-    stage_times = values[np.asarray(stage_ids, dtype=np.int64)] + np.asarray(fixed, dtype=np.float64)
+    stage_times = values[stage_ids] + fixed_a
     return Ranking(stage_times, np.asarray(offsets, dtype=np.int64),
                    lambda i: pp_lite(candidates[i], fronts, bucket))
+
+
+def _dedup(flat: list, offsets: list, table: FrontTable) -> tuple:
+    """Each stage's problem id, the distinct validated problems, the fixed times."""
+    index: dict[tuple, int] = {}
+    try:  # one hash per stage; ids are each problem's first stage, made dense below
+        first = np.fromiter(map(index.setdefault, map(_KEY, flat), count()), dtype=np.int64, count=len(flat))
+    except TypeError:
+        at = next(i for i, s in enumerate(flat) if not _hashable(s))
+        raise ValueError(f"{_where(offsets, at)} has an unhashable layer kind or budget") from None
+    dense = np.zeros(len(flat), dtype=np.int64)
+    dense[np.fromiter(index.values(), dtype=np.int64, count=len(index))] = np.arange(len(index))
+    problems = []
+    for (groups, budget), at in index.items():
+        try:
+            problem = canonical(groups, budget)
+            fronts_of(problem, table)
+        except ValueError as exc:
+            raise ValueError(f"{_where(offsets, at)}: {exc}") from None
+        problems.append(problem)
+    return dense[first], problems, _fixed_times(flat, offsets)

@@ -1,0 +1,1 @@
+"""Readers of other tools' profile formats."""

@@ -1,0 +1,103 @@
+"""SAPP-PPB layer profiles (MindSpore hyper-parallel's pipeline balancer).
+
+Only ``layers_description`` is read: entries in model order, each ``nb_layer``
+consecutive layers of one kind.  Memory is in MB (2**20 bytes); times in the
+profiler's unit.  ``BODY`` entries have recompute options (one per memory key
+present); ``HEAD`` and ``TAIL`` entries one option without activation memory.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any
+
+from ..options import MEGABYTE, LayerOption
+from ..model import PipelineModel
+
+#: (option, memory key, backward time key, coefficient key, default coefficient)
+RECOMPUTE = (
+    ("NONE", "memory_activation", "backward_time", "backward_coef", 0.0),
+    ("SLCT", "memory_select_rec", "select_rec_time", "select_rec_coef", 0.04),
+    ("COMM", "memory_select_comm", "select_comm_time", "select_comm_coef", 0.125),
+    ("BOTH", "memory_both_comm_select", "both_comm_select_time", "both_comm_select_coef", 0.165),
+    ("FULL", "memory_recompute", "recompute_time", "recompute_coef", 0.5),
+)
+TYPES = ("HEAD", "BODY", "TAIL")
+
+
+def _number(entry: dict, key: str, where: str, *, default: Any = None) -> float:
+    if key not in entry:
+        if default is None:
+            raise ValueError(f"{where}: missing '{key}'")
+        return default
+    value = entry[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{where}.{key} must be a number >= 0, got {value!r}")
+    return float(value)
+
+
+def entry_options(entry: dict, where: str) -> list[LayerOption]:
+    """The options of one layer entry."""
+    time = _number(entry, "time", where)
+    forward = _number(entry, "forward_time", where, default=time)
+    if entry.get("type") in ("HEAD", "TAIL"):
+        return [LayerOption(entry["type"], 0.0, forward, 2 * time)]
+    options = []
+    for name, mem_key, time_key, coef_key, coef in RECOMPUTE:
+        if mem_key not in entry:
+            continue
+        memory = _number(entry, mem_key, where) * MEGABYTE
+        backward = _number(entry, time_key, where, default=0.0)
+        if backward == 0.0:
+            backward = (1 + _number(entry, coef_key, where, default=coef)) * 2 * time
+        options.append(LayerOption(name, memory, forward, backward))
+    if not options:
+        raise ValueError(f"{where}: a BODY entry needs at least one memory key ({', '.join(r[1] for r in RECOMPUTE)})")
+    return options
+
+
+def read_profile(path: str | os.PathLike) -> tuple[list, dict, dict]:
+    """``(kinds, fronts, static)`` of a profile: every layer's kind in order,
+    each kind's options, each kind's static bytes per layer.  Kinds are entry
+    names (made unique with ``#i`` when two entries share a name)."""
+    try:
+        with open(path) as fh:
+            data = json.load(fh)
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read ({exc.strerror})") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc})") from None
+    entries = data.get("layers_description") if isinstance(data, dict) else None
+    if not isinstance(entries, list) or not entries:
+        raise ValueError(f"{path}: 'layers_description' must be a non-empty list")
+    kinds, fronts, static = [], {}, {}
+    for i, entry in enumerate(entries):
+        where = f"{path}: layers_description[{i}]"
+        if not isinstance(entry, dict):
+            raise ValueError(f"{where} must be an object")
+        if entry.get("type") not in TYPES:
+            raise ValueError(f"{where}.type must be one of {TYPES}, got {entry.get('type')!r}")
+        count = entry.get("nb_layer", 1)
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ValueError(f"{where}.nb_layer must be an integer >= 0, got {count!r}")
+        kind = str(entry.get("name", f"entry{i}"))
+        if kind in fronts:
+            kind = f"{kind}#{i}"
+        fronts[kind] = entry_options(entry, where)
+        static[kind] = _number(entry, "memory_parameter", where, default=0.0) * MEGABYTE
+        kinds.extend([kind] * count)
+    return kinds, fronts, static
+
+
+def parse_bytes(value: Any, field: str) -> float:
+    """Bytes from a number or a string with a unit (``"56000MB"``, ``"80 GiB"``)."""
+    from ..units import parse_quantity
+    return parse_quantity(value, "bytes", field)
+
+
+def load(path: str | os.PathLike, capacity: Any, micro_batches: int, reserved: Any = 0.0) -> PipelineModel:
+    """A :class:`PipelineModel` of a SAPP-PPB profile (capacity in bytes or with a unit)."""
+    kinds, fronts, static = read_profile(path)
+    return PipelineModel(kinds, fronts, static, parse_bytes(capacity, "capacity"), micro_batches,
+                         parse_bytes(reserved, "reserved"))

@@ -1,0 +1,169 @@
+"""A model split into pipeline stages (the contract's 1F1B model level).
+
+``PipelineModel`` holds the kind of every layer in order, the options of each
+kind, each kind's static bytes per layer, the device capacity, the reserved
+bytes and the number of micro-batches.  A split is a list of layer counts.
+
+Interleaved (virtual) pipelines: with ``chunks=v`` a split has ``P * v``
+counts given chunk by chunk -- chunk 0 of stages 0..P-1, then chunk 1 of
+stages 0..P-1, and so on -- so the model's layers run through the devices v
+times.  A device's stage holds the layers of all its chunks and pays their
+static bytes from one budget; the in-flight count is then given per (stage,
+chunk) by an explicit table ``in_flight[s][c]`` (required for v > 1).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Hashable, Mapping, Sequence
+
+import numpy as np
+
+from .options import Layers, check_number
+from .results import Stage
+
+
+@dataclass(frozen=True)
+class PipelineModel:
+    """Layers in order (``kinds``), their options (``fronts``) and static bytes
+    per layer of each kind (``static``), the device ``capacity`` and
+    ``reserved`` bytes, and ``micro_batches`` per iteration."""
+
+    kinds: tuple
+    fronts: Mapping
+    static: Mapping
+    capacity: float
+    micro_batches: int
+    reserved: float = 0.0
+    _codes: np.ndarray = field(init=False, repr=False, compare=False)
+    _order: tuple = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        kinds = tuple(self.kinds)
+        object.__setattr__(self, "kinds", kinds)
+        if not kinds:
+            raise ValueError("kinds must list at least one layer")
+        if not hasattr(self.fronts, "__getitem__") or not hasattr(self.static, "__getitem__"):
+            raise ValueError("fronts and static must be mappings from kind")
+        order: list[Hashable] = []
+        codes = {}
+        for i, kind in enumerate(kinds):
+            try:
+                if kind not in codes:
+                    codes[kind] = len(order)
+                    order.append(kind)
+            except TypeError:
+                raise ValueError(f"kinds[{i}] is not hashable: {kind!r}") from None
+        for kind in order:
+            if kind not in self.fronts:
+                raise ValueError(f"kind {kind!r} is missing from fronts")
+            if kind not in self.static:
+                raise ValueError(f"kind {kind!r} is missing from static")
+            value = check_number(self.static[kind], f"static[{kind!r}]")
+            if value < 0:
+                raise ValueError(f"static[{kind!r}] must be >= 0, got {value!r}")
+        check_number(self.capacity, "capacity")
+        check_number(self.reserved, "reserved")
+        m = self.micro_batches
+        if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 1:
+            raise ValueError(f"micro_batches must be an integer >= 1, got {m!r}")
+        object.__setattr__(self, "_order", tuple(order))
+        object.__setattr__(self, "_codes", np.array([codes[k] for k in kinds], dtype=np.int64))
+
+    @property
+    def layers(self) -> int:
+        """Number of layers."""
+        return len(self.kinds)
+
+    @property
+    def kind_order(self) -> tuple:
+        """Distinct kinds in order of first appearance in the model."""
+        return self._order
+
+    def default_in_flight(self, stages: int) -> list[list[int]]:
+        """1F1B: stage s of P keeps ``min(P - s, M)`` micro-batches in flight."""
+        return [[min(stages - s, self.micro_batches)] for s in range(stages)]
+
+    def in_flight_table(self, stages: int, chunks: int, in_flight: Any = None) -> list[list[int]]:
+        """Validated in-flight counts ``[stage][chunk]``."""
+        if isinstance(chunks, bool) or not isinstance(chunks, (int, np.integer)) or chunks < 1:
+            raise ValueError(f"chunks must be an integer >= 1, got {chunks!r}")
+        if in_flight is None:
+            if chunks > 1:
+                raise ValueError("in_flight is required for interleaved pipelines (chunks > 1): give in_flight[stage][chunk]")
+            return self.default_in_flight(stages)
+        table = [list(row) if isinstance(row, (Sequence, np.ndarray)) else [row] for row in in_flight]
+        if len(table) != stages or any(len(row) != chunks for row in table):
+            raise ValueError(f"in_flight must have {stages} rows of {chunks} counts (stages x chunks)")
+        for s, row in enumerate(table):
+            for c, k in enumerate(row):
+                if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+                    raise ValueError(f"in_flight[{s}][{c}] must be an integer >= 1, got {k!r}")
+        return [[int(k) for k in row] for row in table]
+
+    def check_counts(self, counts: Any, chunks: int = 1) -> list[int]:
+        """Validate one split: counts >= 1 summing to the layer count, P * chunks of them."""
+        counts = [int(n) if isinstance(n, (int, np.integer)) and not isinstance(n, bool) else n for n in counts]
+        if not counts or len(counts) % chunks:
+            raise ValueError(f"counts must have a positive multiple of chunks={chunks} entries, got {len(counts)}")
+        for s, n in enumerate(counts):
+            if not isinstance(n, int) or n < 1:
+                raise ValueError(f"counts[{s}] must be an integer >= 1, got {n!r}")
+        if sum(counts) != self.layers:
+            raise ValueError(f"counts sum to {sum(counts)}, the model has {self.layers} layers")
+        return counts
+
+    def segment_groups(self, start: int, stop: int, in_flight: int) -> list[Layers]:
+        """Groups of layers ``start:stop``: one per kind, in order of first appearance."""
+        seen: dict[Hashable, int] = {}
+        for kind in self.kinds[start:stop]:
+            seen[kind] = seen.get(kind, 0) + 1
+        return [Layers(kind, n, in_flight) for kind, n in seen.items()]
+
+    def budget_of(self, groups: Sequence[Layers]) -> float:
+        """``capacity - reserved - static bytes of the groups' layers``."""
+        static = 0.0
+        for g in groups:
+            static += g.count * float(self.static[g.kind])
+        return self.capacity - self.reserved - static
+
+    def stages(self, counts: Sequence[int], in_flight: Any = None, chunks: int = 1) -> list[Stage]:
+        """The stages of a split, as the contract builds them."""
+        counts = self.check_counts(counts, chunks)
+        p = len(counts) // chunks
+        table = self.in_flight_table(p, chunks, in_flight)
+        bounds = np.concatenate(([0], np.cumsum(counts))).tolist()
+        groups: list[list[Layers]] = [[] for _ in range(p)]
+        for c in range(chunks):
+            for s in range(p):
+                i = c * p + s
+                groups[s].extend(self.segment_groups(bounds[i], bounds[i + 1], table[s][c]))
+        return [Stage(g, self.budget_of(g)) for g in groups]
+
+    def plan(self, counts: Sequence[int], bucket: float | None = None, in_flight: Any = None,
+             chunks: int = 1) -> list[str | None] | None:
+        """Every layer's chosen option name in model order, or None if infeasible.
+
+        Within a stage (chunk), a kind's layers take its chosen options slowest first.
+        """
+        from .options import MEGABYTE
+        from .stage import pp_lite
+
+        stages = self.stages(counts, in_flight, chunks)
+        choice = pp_lite(stages, self.fronts, MEGABYTE if bucket is None else bucket)
+        if choice is None:
+            return None
+        p = len(stages)
+        queues: dict[tuple, list] = {}
+        for s, sc in enumerate(choice.stages):
+            for a in sc.assignments:
+                key = (s, a.layers.kind, a.layers.in_flight)
+                queues.setdefault(key, []).extend([getattr(a.option, "name", str(a.option))] * a.count)
+        table = self.in_flight_table(p, chunks, in_flight)
+        names: list[str | None] = []
+        bounds = np.concatenate(([0], np.cumsum(counts))).tolist()
+        for c in range(chunks):
+            for s in range(p):
+                i = c * p + s
+                for kind in self.kinds[bounds[i]:bounds[i + 1]]:
+                    names.append(queues[(s, kind, table[s][c])].pop(0))
+        return names

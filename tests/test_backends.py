@@ -1,0 +1,77 @@
+"""Backends: selection, laziness, and bit-identical results on every backend."""
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import gpuknap
+from gpuknap import rank
+from gpuknap.backend import BackendUnavailable, get_backend
+from gpuknap.passes import Segment, option_tables, pass_level, pass_level_tables
+from test_rank import assert_rank_equals_pp_lite, random_model_batch
+from conftest import CUPY_OK
+
+
+def test_import_never_imports_cupy():
+    code = "import sys, gpuknap; gpuknap.rank; assert 'cupy' not in sys.modules, 'cupy imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=os.path.dirname(os.path.dirname(__file__)))
+
+
+def test_auto_and_env_override(monkeypatch):
+    monkeypatch.delenv("GPUKNAP_BACKEND", raising=False)
+    assert get_backend("auto").name == ("cupy" if CUPY_OK else "numpy")
+    monkeypatch.setenv("GPUKNAP_BACKEND", "numpy")
+    assert get_backend("auto").name == "numpy"
+    assert get_backend().name == "numpy"
+    monkeypatch.setenv("GPUKNAP_BACKEND", "bogus")
+    with pytest.raises(ValueError, match="GPUKNAP_BACKEND"):
+        get_backend("auto")
+
+
+@pytest.mark.skipif(CUPY_OK, reason="CuPy with a GPU is present here")
+def test_cupy_unavailable_says_why():
+    with pytest.raises(BackendUnavailable, match="unavailable: CuPy"):
+        get_backend("cupy")
+
+
+def test_xp_pass_matches_table_pass(xp):
+    rng = np.random.default_rng(0)
+    prev = rng.uniform(0, 10, (5, 40))
+    prev[1, :7] = np.inf
+    parent = np.array([0, 0, 1, 3, 4, 2])
+    segs = [Segment(0, 2, np.array([0, 3]), np.array([1.5, 0.25])),
+            Segment(2, 5, np.array([1, 2, 50]), np.array([0.1, 0.2, 0.3])),
+            Segment(5, 6, np.array([39]), np.array([2.0]))]
+    w, t = option_tables(segs, 6)
+    a = pass_level(xp, xp.asarray(prev), xp.asarray(parent), 33, segs)
+    b = pass_level_tables(xp, xp.asarray(prev), xp.asarray(parent), xp.asarray(w), xp.asarray(t), 33)
+    a, b = (np.asarray(x.get() if hasattr(x, "get") else x) for x in (a, b))
+    assert np.array_equal(a, b)
+    # independent check of one cell
+    want = min(prev[0, 10 - 0] + 1.5, prev[0, 10 - 3] + 0.25)
+    assert a[0, 10] == want
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("max_bytes", [None, 60_000])
+def test_every_backend_equals_numpy_and_pp_lite(backend, seed, max_bytes):
+    rng = random.Random(100 + seed)
+    fr, cands = random_model_batch(rng, 40 + 20 * seed)
+    bucket = rng.choice([1, 3, 8])
+    ref = rank(cands, fr, bucket, backend="numpy")
+    got = assert_rank_equals_pp_lite(cands, fr, bucket, backend=backend, max_bytes=max_bytes)
+    assert np.array_equal(ref.slowest, got.slowest)
+    for i in range(len(cands)):
+        assert got.times(i) == ref.times(i)
+
+
+def test_public_names_are_exported():
+    for name in ["MEGABYTE", "LayerOption", "Layers", "Assignment", "StageChoice", "Stage", "PipelineChoice",
+                 "choose", "least_times", "suffix_times", "pp_lite", "rank", "Ranking"]:
+        assert hasattr(gpuknap, name)
+    assert gpuknap.MEGABYTE == 2**20
