@@ -22,6 +22,14 @@ from .options import Layers, check_number
 from .results import Stage
 
 
+def kind_counts(kinds: Sequence[Hashable]) -> tuple:
+    """``((kind, n), ...)`` in order of first appearance."""
+    seen: dict[Hashable, int] = {}
+    for kind in kinds:
+        seen[kind] = seen.get(kind, 0) + 1
+    return tuple(seen.items())
+
+
 @dataclass(frozen=True)
 class PipelineModel:
     """Layers in order (``kinds``), their options (``fronts``) and static bytes
@@ -114,10 +122,7 @@ class PipelineModel:
 
     def segment_groups(self, start: int, stop: int, in_flight: int) -> list[Layers]:
         """Groups of layers ``start:stop``: one per kind, in order of first appearance."""
-        seen: dict[Hashable, int] = {}
-        for kind in self.kinds[start:stop]:
-            seen[kind] = seen.get(kind, 0) + 1
-        return [Layers(kind, n, in_flight) for kind, n in seen.items()]
+        return [Layers(kind, n, in_flight) for kind, n in kind_counts(self.kinds[start:stop])]
 
     def budget_of(self, groups: Sequence[Layers]) -> float:
         """``capacity - reserved - static bytes of the groups' layers``."""
@@ -167,3 +172,72 @@ class PipelineModel:
                 for kind in self.kinds[bounds[i]:bounds[i + 1]]:
                     names.append(queues[(s, kind, table[s][c])].pop(0))
         return names
+
+    def check_splits(self, splits: Any, chunks: int = 1) -> np.ndarray:
+        """Validate an integer array ``[B, P * chunks]`` of layer counts (row numbers in errors)."""
+        arr = np.asarray(splits)
+        if arr.ndim != 2 or arr.shape[1] == 0 or arr.shape[1] % chunks:
+            raise ValueError(f"splits must be a 2-D integer array [B, P*chunks], got shape {arr.shape}")
+        if arr.dtype.kind not in "iu":
+            if arr.dtype.kind == "f" and np.isfinite(arr).all() and (arr == np.round(arr)).all():
+                arr = arr.astype(np.int64)
+            else:
+                raise ValueError(f"splits must hold integer layer counts, got dtype {arr.dtype}")
+        arr = arr.astype(np.int64, copy=False)
+        bad = np.flatnonzero(arr.min(axis=1, initial=1) < 1) if arr.size else np.empty(0, np.int64)
+        if len(bad):
+            row = int(bad[0])
+            raise ValueError(f"splits row {row} has a count < 1: {arr[row].tolist()}")
+        sums = arr.sum(axis=1)
+        bad = np.flatnonzero(sums != self.layers)
+        if len(bad):
+            row = int(bad[0])
+            raise ValueError(f"splits row {row} sums to {int(sums[row])}, the model has {self.layers} layers")
+        return arr
+
+    def rank(self, splits: Any, bucket: float | None = None, backend: Any = "auto",
+             in_flight: Any = None, chunks: int = 1, max_bytes: int | None = None):
+        """Score every row of ``splits`` (``[B, P]`` layer counts) as ``pp_lite(self.stages(row))``.
+
+        Rows are packed straight into the batch: each distinct (stage, start,
+        end) segment becomes one stage problem, solved once.
+        """
+        from .options import MEGABYTE
+        from .ranking import Ranking, rank as rank_candidates
+        from .segments import segment_times
+        from .stage import pp_lite
+
+        bucket = MEGABYTE if bucket is None else bucket
+        arr = self.check_splits(splits, chunks)
+        batch, width = arr.shape
+        p = width // chunks
+        table = self.in_flight_table(p, chunks, in_flight)
+
+        def rebuild(i):
+            return pp_lite(self.stages(arr[i].tolist(), in_flight, chunks), self.fronts, bucket)
+
+        if chunks > 1:  # devices hold several chunks: build the stages row by row
+            return rank_candidates([self.stages(row, in_flight, chunks) for row in arr.tolist()],
+                                   self.fronts, bucket, backend, max_bytes)
+        n = self.layers + 1
+        ends = np.cumsum(arr, axis=1)
+        codes = (np.arange(p, dtype=np.int64)[None, :] * n + (ends - arr)) * n + ends
+        if p * n * n <= 2**26:  # dense: mark the segments present
+            present = np.zeros(p * n * n, dtype=bool)
+            present[codes.ravel()] = True
+            unique = np.flatnonzero(present)
+            lookup = None
+        else:
+            unique, lookup = np.unique(codes.ravel(), return_inverse=True)
+        seg_stage, rest = np.divmod(unique, n * n)
+        seg_start, seg_end = np.divmod(rest, n)
+        inflight = np.array([row[0] for row in table], dtype=np.int64)
+        values = segment_times(self, inflight, seg_stage, seg_start, seg_end, bucket, backend, max_bytes)
+        if lookup is None:
+            dense = np.full(p * n * n, np.inf)
+            dense[unique] = values
+            times = dense[codes]
+        else:
+            times = values[lookup].reshape(batch, p)
+        offsets = np.arange(batch + 1, dtype=np.int64) * p
+        return Ranking(times.ravel(), offsets, rebuild)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import gc
 from contextlib import contextmanager
-from itertools import chain, count
+from itertools import accumulate, chain, count
 from operator import attrgetter
 from typing import Any, Hashable, Mapping, Sequence
 
@@ -106,8 +106,7 @@ def _gc_paused():
             gc.enable()
 
 
-_KEY = attrgetter("groups", "budget")
-_FIXED = attrgetter("fixed_time")
+_KEY = attrgetter("groups", "budget", "fixed_time")
 
 
 def _where(offsets: Sequence[int], i: int) -> str:
@@ -117,7 +116,7 @@ def _where(offsets: Sequence[int], i: int) -> str:
 
 def _hashable(stage: Stage) -> bool:
     try:
-        hash((stage.groups, stage.budget))
+        hash(_KEY(stage))
         return True
     except TypeError:
         return False
@@ -125,37 +124,45 @@ def _hashable(stage: Stage) -> bool:
 
 def _flatten(candidates: list) -> tuple[list, list[int]]:
     """All stages in one list, and each candidate's offset into it (validated)."""
-    if all(type(c) in (list, tuple) and c for c in candidates):
-        flat = list(chain.from_iterable(candidates))
-        if set(map(type, flat)) == {Stage}:
-            offsets = np.cumsum([0] + [len(c) for c in candidates]).tolist()
-            return flat, offsets
-    for c, stages in enumerate(candidates):  # slow path: find what is wrong, or accept
-        candidates[c] = check_stages(stages, f"candidates[{c}]")
-    return _flatten_checked(candidates)
+    if not (set(map(type, candidates)) <= {list, tuple} and all(candidates)):
+        for c, stages in enumerate(candidates):  # slow path: find what is wrong, or accept
+            candidates[c] = check_stages(stages, f"candidates[{c}]")
+    flat = list(chain.from_iterable(candidates))
+    if set(map(type, flat)) - {Stage}:
+        for c, stages in enumerate(candidates):
+            check_stages(stages, f"candidates[{c}]")
+    return flat, [0, *accumulate(map(len, candidates))]
 
 
-def _flatten_checked(candidates: list) -> tuple[list, list[int]]:
-    flat = [s for c in candidates for s in c]
-    return flat, np.cumsum([0] + [len(c) for c in candidates]).tolist()
+def _check_fixed(fixed: Any) -> float:
+    if isinstance(fixed, bool) or not isinstance(fixed, (int, float, np.integer, np.floating)) \
+            or not np.isfinite(fixed):
+        raise ValueError(f"fixed_time must be a finite number, got {fixed!r}")
+    return float(fixed)
 
 
-def _fixed_times(flat: list, offsets: list) -> np.ndarray:
-    """Every stage's fixed time as float64, with a ValueError naming a bad one."""
-    out = None
-    bad = not set(map(type, map(_FIXED, flat))) <= {float, int, np.float64}
-    if not bad:
-        out = np.fromiter(map(_FIXED, flat), dtype=np.float64, count=len(flat))
-        bad = not np.isfinite(out).all()
-    if bad:
-        for i, value in enumerate(map(_FIXED, flat)):
-            try:
-                ok = not isinstance(value, bool) and np.isfinite(float(value))
-            except (TypeError, ValueError):
-                ok = False
-            if not ok:
-                raise ValueError(f"{_where(offsets, i)}.fixed_time must be a finite number, got {value!r}")
-    return out
+def _dedup(flat: list, offsets: list, table: FrontTable) -> tuple:
+    """Per stage its key id; the distinct validated problems; per key its problem
+    id and fixed time.  A key is ``(groups, budget, fixed_time)``."""
+    index: dict[tuple, int] = {}
+    try:  # one hash per stage; a key's id is its first stage, made dense below
+        first = np.fromiter(map(index.setdefault, map(_KEY, flat), count()), dtype=np.int64, count=len(flat))
+    except TypeError:
+        at = next(i for i, s in enumerate(flat) if not _hashable(s))
+        raise ValueError(f"{_where(offsets, at)} has an unhashable layer kind or budget") from None
+    dense = np.zeros(len(flat), dtype=np.int64)
+    dense[np.fromiter(index.values(), dtype=np.int64, count=len(index))] = np.arange(len(index))
+    problem_ids: dict[StageProblem, int] = {}
+    key_problem, key_fixed = [], []
+    for (groups, budget, fixed), at in index.items():
+        try:
+            key_fixed.append(_check_fixed(fixed))
+            problem = canonical(groups, budget)
+            fronts_of(problem, table)
+        except ValueError as exc:
+            raise ValueError(f"{_where(offsets, at)}: {exc}") from None
+        key_problem.append(problem_ids.setdefault(problem, len(problem_ids)))
+    return dense[first], list(problem_ids), np.asarray(key_problem, dtype=np.int64), np.asarray(key_fixed)
 
 
 def rank(candidates: Sequence[Sequence[Stage]], fronts: Mapping[Hashable, Sequence[Any]],
@@ -170,29 +177,8 @@ def rank(candidates: Sequence[Sequence[Stage]], fronts: Mapping[Hashable, Sequen
     candidates = list(candidates)
     with _gc_paused():
         flat, offsets = _flatten(candidates)
-        stage_ids, problems, fixed_a = _dedup(flat, offsets, table)
+        stage_keys, problems, key_problem, key_fixed = _dedup(flat, offsets, table)
     values = solve_problems(problems, table, backend, max_bytes)
-    stage_times = values[stage_ids] + fixed_a
+    stage_times = (values[key_problem] + key_fixed)[stage_keys]
     return Ranking(stage_times, np.asarray(offsets, dtype=np.int64),
                    lambda i: pp_lite(candidates[i], fronts, bucket))
-
-
-def _dedup(flat: list, offsets: list, table: FrontTable) -> tuple:
-    """Each stage's problem id, the distinct validated problems, the fixed times."""
-    index: dict[tuple, int] = {}
-    try:  # one hash per stage; ids are each problem's first stage, made dense below
-        first = np.fromiter(map(index.setdefault, map(_KEY, flat), count()), dtype=np.int64, count=len(flat))
-    except TypeError:
-        at = next(i for i, s in enumerate(flat) if not _hashable(s))
-        raise ValueError(f"{_where(offsets, at)} has an unhashable layer kind or budget") from None
-    dense = np.zeros(len(flat), dtype=np.int64)
-    dense[np.fromiter(index.values(), dtype=np.int64, count=len(index))] = np.arange(len(index))
-    problems = []
-    for (groups, budget), at in index.items():
-        try:
-            problem = canonical(groups, budget)
-            fronts_of(problem, table)
-        except ValueError as exc:
-            raise ValueError(f"{_where(offsets, at)}: {exc}") from None
-        problems.append(problem)
-    return dense[first], problems, _fixed_times(flat, offsets)
