@@ -6,13 +6,16 @@ solves all stages with min-plus passes on NumPy or CuPy.
 """
 from .backend import BackendUnavailable, cupy_available, get_backend
 from .options import MEGABYTE, LayerOption, Layers
+from .model import PipelineModel
 from .ranking import Ranking, rank
+from .search import best_splits
 from .results import Assignment, PipelineChoice, Stage, StageChoice
 from .stage import choose, least_times, pp_lite, suffix_times
 
 __all__ = [
     "MEGABYTE", "LayerOption", "Layers", "Assignment", "StageChoice", "Stage", "PipelineChoice",
     "choose", "least_times", "suffix_times", "pp_lite", "rank", "Ranking",
+    "PipelineModel", "best_splits",
     "get_backend", "cupy_available", "BackendUnavailable",
 ]
 __version__ = "0.1.0"

@@ -1,0 +1,268 @@
+"""``best_splits``: the exact top-k contiguous splits of a model, without enumerating them.
+
+1. Segment times: ``T[s, start, end]``, the least time of stage s taking
+   layers ``start:end``, for every segment that can be part of a split.  For
+   each stage and start the ends grow until the stage no longer fits (static
+   and activation bytes only grow with more layers), and all segments are one
+   batch for the engine (equal problems solved once, shared pass chains).
+2. A dynamic program over stages, per score:
+
+   ``slowest``: ``count(tau)``, the number of splits whose stages all take at
+   most ``tau`` (capped at k), is a product of 0/1 matrices; a binary search
+   over the distinct segment times finds ``tau_k``, the k-th best score.  The
+   splits scoring below ``tau_k`` (fewer than k) and the lexicographically
+   first splits scoring exactly ``tau_k`` are then walked depth-first with
+   "can the rest still be covered" tables, so every step leads to an answer.
+
+   ``1f1b``: ``(M - 1) * slowest + sum of stage times``.  Splits are grouped
+   by their bottleneck ``tau``; for each ``tau`` in increasing order a
+   best-first walk, pruned by the least possible sum of the remaining stages,
+   collects the splits whose bottleneck is exactly ``tau`` and whose score can
+   reach the current top k.  The scan stops once ``(M - 1) * tau`` plus the
+   least sum of any split exceeds the k-th best score (float rounding is
+   monotone, so this bound is exact).
+
+Ties are broken by the counts in lexicographic order.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from typing import Any
+
+import numpy as np
+
+from .model import PipelineModel
+from .options import MEGABYTE
+from .results import PipelineChoice
+from .segments import SegmentGroups, segment_times
+from .stage import pp_lite
+
+SCORES = ("slowest", "1f1b")
+#: Relative slack for pruning with sums added in another order (exact checks follow).
+SLACK = 1e-9
+
+
+def score_of(times: Any, score: str, micro_batches: int) -> float:
+    """A split's score from its stage times: ``slowest`` or the 1F1B iteration time."""
+    slowest = max(times)
+    if score == "slowest":
+        return slowest
+    total = 0.0
+    for t in times:
+        total += t
+    return (micro_batches - 1) * slowest + total
+
+
+def segment_table(model: PipelineModel, stages: int, bucket: float, backend: Any,
+                  in_flight: Any = None, max_bytes: int | None = None) -> np.ndarray:
+    """``T[s, start, end]``: least time of stage s on layers ``start:end`` (``inf`` otherwise)."""
+    from .options import FrontTable
+    from .problem import INFEASIBLE, canonical, verdict
+
+    n = model.layers
+    table = model.in_flight_table(stages, 1, in_flight)
+    fronts = FrontTable(model.fronts, bucket)
+    cache = SegmentGroups(model)
+    seg_s, seg_a, seg_b = [], [], []
+    feasible: dict[tuple, bool] = {}
+    for s in range(stages):
+        k = table[s][0]
+        for start in range(s, n - (stages - s) + 1):
+            for end in range(start + 1, n - (stages - 1 - s) + 1):
+                groups = cache.groups(start, end, k)
+                key = (groups, model.budget_of(groups))
+                ok = feasible.get(key)
+                if ok is None:
+                    ok = feasible[key] = verdict(canonical(*key), fronts).kind != INFEASIBLE
+                if not ok:
+                    break  # more layers only need more memory
+                seg_s.append(s)
+                seg_a.append(start)
+                seg_b.append(end)
+    out = np.full((stages, n + 1, n + 1), np.inf)
+    if seg_s:
+        s_a, a_a, b_a = (np.asarray(x, dtype=np.int64) for x in (seg_s, seg_a, seg_b))
+        inflight = np.array([row[0] for row in table], dtype=np.int64)
+        out[s_a, a_a, b_a] = segment_times(model, inflight, s_a, a_a, b_a, bucket, backend, max_bytes)
+    return out
+
+
+def _cover_tables(T: np.ndarray, tau: float) -> tuple[np.ndarray, np.ndarray]:
+    """``ok[s, a]``: stages s.. can cover layers a.. with every time <= tau;
+    ``hit[s, a]``: the same with at least one time == tau."""
+    p, n1, _ = T.shape
+    ok = np.zeros((p + 1, n1), dtype=bool)
+    hit = np.zeros((p + 1, n1), dtype=bool)
+    ok[p, n1 - 1] = True
+    for s in range(p - 1, -1, -1):
+        under = T[s] <= tau
+        ok[s] = (under & ok[s + 1][None, :]).any(axis=1)
+        hit[s] = (under & (((T[s] == tau) & ok[s + 1][None, :]) | hit[s + 1][None, :])).any(axis=1)
+    return ok, hit
+
+
+def _count(T: np.ndarray, tau: float, cap: int) -> int:
+    """Splits with every stage time <= tau, capped at ``cap``."""
+    p, n1, _ = T.shape
+    ways = np.zeros(n1, dtype=np.int64)
+    ways[0] = 1
+    for s in range(p):
+        ways = np.minimum((ways[:, None] * (T[s] <= tau)).sum(axis=0), cap)
+    return int(ways[n1 - 1])
+
+
+def _walk_lex(T: np.ndarray, tau: float, need_hit: bool, limit: int) -> list[tuple]:
+    """Splits with all times <= tau (and one == tau if ``need_hit``), lexicographic, at most ``limit``."""
+    p, n1, _ = T.shape
+    ok, hit = _cover_tables(T, tau)
+    out: list[tuple] = []
+    counts: list[int] = []
+
+    def walk(s: int, a: int, hit_yet: bool) -> None:
+        if len(out) >= limit:
+            return
+        if s == p:
+            out.append(tuple(counts))
+            return
+        for b in range(a + 1, n1):
+            t = T[s, a, b]
+            if not t <= tau:
+                continue
+            now = hit_yet or t == tau or not need_hit
+            if not (ok[s + 1, b] if now else hit[s + 1, b]):
+                continue
+            counts.append(b - a)
+            walk(s + 1, b, now)
+            counts.pop()
+            if len(out) >= limit:
+                return
+
+    start_ok = hit[0, 0] if need_hit else ok[0, 0]
+    if start_ok:
+        walk(0, 0, False)
+    return out
+
+
+def _times_of(T: np.ndarray, counts: tuple) -> list[float]:
+    bounds = np.concatenate(([0], np.cumsum(counts)))
+    return [float(T[s, bounds[s], bounds[s + 1]]) for s in range(len(counts))]
+
+
+def _top_slowest(T: np.ndarray, top: int) -> list[tuple]:
+    values = np.unique(T[np.isfinite(T)])
+    if len(values) == 0 or _count(T, values[-1], 1) == 0:
+        return []
+    lo, hi = 0, len(values) - 1
+    if _count(T, values[-1], top) < top:
+        lo = hi  # fewer than k splits in all: take every one
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _count(T, values[mid], top) >= top:
+            hi = mid
+        else:
+            lo = mid + 1
+    tau_k = values[lo]
+    below = _walk_lex(T, values[lo - 1], False, top) if lo > 0 else []
+    ranked = sorted(((max(_times_of(T, c)), c) for c in below))
+    at_tau = _walk_lex(T, tau_k, True, top - len(ranked))
+    return [(c, t) for t, c in ranked] + [(c, float(tau_k)) for c in at_tau]
+
+
+def _suffix_min(T: np.ndarray, tau: float) -> tuple[np.ndarray, np.ndarray]:
+    """Least sum of stages s.. covering a.. with every time <= tau (``free``),
+    and with at least one time == tau (``hit``)."""
+    p, n1, _ = T.shape
+    free = np.full((p + 1, n1), np.inf)
+    hit = np.full((p + 1, n1), np.inf)
+    free[p, n1 - 1] = 0.0
+    for s in range(p - 1, -1, -1):
+        under = np.where(T[s] <= tau, T[s], np.inf)
+        free[s] = (under + free[s + 1][None, :]).min(axis=1)
+        exact = np.where(T[s] == tau, T[s], np.inf)
+        hit[s] = np.minimum((exact + free[s + 1][None, :]).min(axis=1), (under + hit[s + 1][None, :]).min(axis=1))
+    return free, hit
+
+
+def _top_1f1b(T: np.ndarray, top: int, micro_batches: int) -> list[tuple]:
+    p, n1, _ = T.shape
+    values = np.unique(T[np.isfinite(T)])
+    free_all, _ = _suffix_min(T, math.inf)
+    least_sum = free_all[0, 0]
+    if not math.isfinite(least_sum):
+        return []
+    heap: list[tuple] = []  # max-heap of the best k as (-score, negated counts)
+    m1 = micro_batches - 1
+
+    def bound() -> float:
+        return -heap[0][0] if len(heap) >= top else math.inf
+
+    def offer(score: float, counts: tuple) -> None:
+        item = (-score, tuple(-c for c in counts))
+        if len(heap) < top:
+            heapq.heappush(heap, item)
+        elif item > heap[0]:
+            heapq.heapreplace(heap, item)
+
+    for tau in values.tolist():
+        if m1 * tau + least_sum > bound() * (1 + SLACK) + SLACK:
+            break
+        free, hit = _suffix_min(T, tau)
+        if not math.isfinite(hit[0, 0]):
+            continue
+        counts: list[int] = []
+
+        def walk(s: int, a: int, total: float, hit_yet: bool) -> None:
+            if s == p:
+                if hit_yet:
+                    offer(m1 * tau + total, tuple(counts))
+                return
+            options = []
+            for b in range(a + 1, n1):
+                t = T[s, a, b]
+                if not t <= tau:
+                    continue
+                now = hit_yet or t == tau
+                rest = free[s + 1, b] if now else hit[s + 1, b]
+                if math.isfinite(rest):
+                    options.append((total + t + rest, b, t, now))
+            options.sort()
+            for low, b, t, now in options:
+                if m1 * tau + low > bound() * (1 + SLACK) + SLACK:
+                    break
+                counts.append(b - a)
+                walk(s + 1, b, total + t, now)
+                counts.pop()
+
+        walk(0, 0, 0.0, False)
+    best = sorted((-neg, tuple(-c for c in cs)) for neg, cs in heap)
+    return [(c, score) for score, c in best]
+
+
+def best_splits(model: PipelineModel, stages: int, top: int = 1, score: str = "slowest",
+                bucket: float = MEGABYTE, backend: Any = "auto", in_flight: Any = None,
+                max_bytes: int | None = None) -> list[tuple[tuple, float, PipelineChoice]]:
+    """The exact ``top`` splits of ``model`` into ``stages`` stages, best first.
+
+    Each entry is ``(counts, score, PipelineChoice)``; ties by counts in
+    lexicographic order.  An infeasible model gives an empty list.
+    """
+    if not isinstance(model, PipelineModel):
+        raise ValueError(f"model must be a PipelineModel, got {type(model).__name__}")
+    for name, value, low in (("stages", stages, 1), ("top", top, 1)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    if stages > model.layers:
+        raise ValueError(f"stages={stages} exceeds the model's {model.layers} layers")
+    if score not in SCORES:
+        raise ValueError(f"score must be one of {SCORES}, got {score!r}")
+    T = segment_table(model, int(stages), bucket, backend, in_flight, max_bytes)
+    if score == "slowest":
+        found = _top_slowest(T, int(top))
+    else:
+        found = _top_1f1b(T, int(top), model.micro_batches)
+    out = []
+    for counts, value in found:
+        choice = pp_lite(model.stages(list(counts), in_flight), model.fronts, bucket)
+        out.append((tuple(int(c) for c in counts), float(value), choice))
+    return out

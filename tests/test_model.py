@@ -1,0 +1,127 @@
+"""Model level: stages of a split, model.rank, best_splits against brute force, plans."""
+from __future__ import annotations
+
+import itertools
+import math
+import random
+
+import numpy as np
+import pytest
+
+from gpuknap import LayerOption, Layers, PipelineModel, best_splits, pp_lite
+from gpuknap.search import score_of
+
+
+def compositions(n, p):
+    for cuts in itertools.combinations(range(1, n), p - 1):
+        b = (0, *cuts, n)
+        yield tuple(b[i + 1] - b[i] for i in range(p))
+
+
+def random_model(rng, layers, tight):
+    kinds_pool = ["head", "dense", "moe", "tail"][: rng.randint(2, 4)]
+    fronts, static = {}, {}
+    for kd in kinds_pool:
+        opts = [LayerOption(f"{kd}{j}", rng.randint(0, 12), rng.randint(1, 9) / 2, rng.randint(0, 12) / 4,
+                            rng.randint(0, 4)) for j in range(rng.randint(1, 3))]
+        fronts[kd] = opts
+        static[kd] = rng.randint(0, 6)
+    kinds = [rng.choice(kinds_pool) for _ in range(layers)]
+    capacity = rng.randint(40, 90) if tight else 400
+    return PipelineModel(kinds, fronts, static, capacity, rng.randint(1, 5), reserved=rng.randint(0, 5))
+
+
+def brute(model, p, score, bucket):
+    found = []
+    for counts in compositions(model.layers, p):
+        choice = pp_lite(model.stages(counts), model.fronts, bucket)
+        if choice is not None:
+            found.append((score_of(choice.times, score, model.micro_batches), counts))
+    return sorted(found)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_best_splits_equals_brute_force(seed):
+    rng = random.Random(seed)
+    model = random_model(rng, rng.randint(4, 14), tight=seed % 2 == 0)
+    p = rng.randint(1, min(4, model.layers))
+    bucket = rng.choice([1, 2, 5])
+    for score in ("slowest", "1f1b"):
+        want = brute(model, p, score, bucket)
+        for top in (1, 3, 7):
+            got = best_splits(model, p, top, score, bucket, backend="numpy")
+            assert [(s, c) for c, s, _ in got] == want[:top], (score, top)
+            for counts, value, choice in got:
+                assert choice == pp_lite(model.stages(counts), model.fronts, bucket)
+                assert value == score_of(choice.times, score, model.micro_batches)
+
+
+def test_infeasible_model_gives_empty_list():
+    fr = {"x": [LayerOption("o", 10, 1, 1)]}
+    model = PipelineModel(["x"] * 4, fr, {"x": 1}, 5, 2)
+    assert best_splits(model, 2, 3, backend="numpy") == []
+    assert best_splits(model, 2, 3, "1f1b", backend="numpy") == []
+
+
+def test_ties_broken_by_counts_lexicographically():
+    fr = {"x": [LayerOption("o", 0, 1, 0)]}
+    model = PipelineModel(["x"] * 6, fr, {"x": 0}, 100, 1)
+    got = best_splits(model, 3, 10, backend="numpy")
+    want = sorted((max(c), c) for c in compositions(6, 3))[:10]
+    assert [(s, c) for c, s, _ in got] == [(float(s), c) for s, c in want]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_model_rank_equals_pp_lite_per_row(seed):
+    rng = random.Random(seed)
+    model = random_model(rng, rng.randint(5, 30), tight=seed % 2 == 0)
+    p = rng.randint(1, min(5, model.layers))
+    rows = [rng.choice(list(compositions(model.layers, p))) for _ in range(60)]
+    r = model.rank(np.array(rows), 2, backend="numpy")
+    for i, row in enumerate(rows):
+        want = pp_lite(model.stages(row), model.fronts, 2)
+        assert r.slowest[i] == (math.inf if want is None else want.slowest)
+        assert r.choice(i) == want
+
+
+def test_model_rank_rejects_bad_rows_with_row_number():
+    model = PipelineModel(["x"] * 4, {"x": [LayerOption("o", 1, 1, 1)]}, {"x": 0}, 100, 2)
+    with pytest.raises(ValueError, match="row 1 has a count < 1"):
+        model.rank([[2, 2], [4, 0]], backend="numpy")
+    with pytest.raises(ValueError, match="row 2 sums to 5"):
+        model.rank([[2, 2], [1, 3], [2, 3]], backend="numpy")
+    with pytest.raises(ValueError, match="2-D"):
+        model.rank([4], backend="numpy")
+
+
+def test_stages_follow_1f1b_and_first_appearance():
+    fr = {k: [LayerOption("o", 1, 1, 1)] for k in "abc"}
+    model = PipelineModel(list("aabcb" "ca"), fr, {"a": 1, "b": 2, "c": 3}, 100, 2, reserved=10)
+    st = model.stages([3, 4])
+    assert st[0].groups == (Layers("a", 2, 2), Layers("b", 1, 2))
+    assert st[1].groups == (Layers("c", 2, 1), Layers("b", 1, 1), Layers("a", 1, 1))
+    assert st[0].budget == 100 - 10 - (2 * 1 + 2)
+    assert st[1].budget == 100 - 10 - (2 * 3 + 2 + 1)
+
+
+def test_interleaved_stages_and_plan():
+    fr = {"x": [LayerOption("heavy", 4, 1, 1), LayerOption("light", 1, 2, 2)]}
+    model = PipelineModel(["x"] * 8, fr, {"x": 1}, 30, 4)
+    with pytest.raises(ValueError, match="in_flight is required"):
+        model.stages([2, 2, 2, 2], chunks=2)
+    st = model.stages([1, 2, 3, 2], in_flight=[[3, 2], [2, 1]], chunks=2)
+    assert st[0].groups == (Layers("x", 1, 3), Layers("x", 3, 2))
+    assert st[1].groups == (Layers("x", 2, 2), Layers("x", 2, 1))
+    assert st[0].budget == 30 - 4
+    plan = model.plan([1, 2, 3, 2], bucket=1, in_flight=[[3, 2], [2, 1]], chunks=2)
+    assert len(plan) == 8 and set(plan) <= {"heavy", "light"}
+    r = model.rank([[1, 2, 3, 2]], 1, in_flight=[[3, 2], [2, 1]], chunks=2, backend="numpy")
+    assert r.slowest[0] == pp_lite(st, fr, 1).slowest
+
+
+def test_plan_lists_options_in_model_order_slowest_first():
+    fr = {"x": [LayerOption("fast", 5, 1, 0), LayerOption("slow", 1, 3, 0)], "y": [LayerOption("y", 0, 1, 0)]}
+    model = PipelineModel(["y", "x", "x", "x"], fr, {"x": 0, "y": 0}, 11, 1)
+    plan = model.plan([4], bucket=1)
+    assert plan[0] == "y"
+    assert plan[1:] == ["slow", "fast", "fast"]  # 2 fast (10) + 1 slow (1) = 11 bytes
