@@ -49,29 +49,36 @@ def stage_bounds(model, stages):
 
 
 def random_splits(model, stages, count, seed=0):
-    """``count`` splits drawn uniformly among those with every stage within its bound."""
+    """``count`` splits drawn uniformly among those with every stage within its bound
+    (vectorised: stage by stage, each row draws its count from the exact
+    conditional distribution given the layers left)."""
     rng = np.random.default_rng(seed)
     bounds = stage_bounds(model, stages)
     n_layers = model.layers
-    # ways[s][r]: number of ways stages s.. take exactly r layers
-    ways = np.zeros((stages + 1, n_layers + 1), dtype=object)
+    ways = np.zeros((stages + 1, n_layers + 1), dtype=object)  # ways[s][r]: stages s.. take r layers
     ways[stages][0] = 1
     for s in range(stages - 1, -1, -1):
         for r in range(n_layers + 1):
             ways[s][r] = sum(ways[s + 1][r - n] for n in range(1, min(bounds[s], r) + 1))
+    if ways[0][n_layers] == 0:
+        raise ValueError("no split fits the stage bounds")
     out = np.empty((count, stages), dtype=np.int64)
-    for i in range(count):
-        r = n_layers
-        for s in range(stages):
-            weights = [ways[s + 1][r - n] for n in range(1, min(bounds[s], r) + 1)]
-            total = sum(weights)
-            pick = int(rng.integers(0, total)) if total < 2**62 else int(rng.random() * total)
-            n = 1
-            for w in weights:
-                if pick < w:
-                    break
-                pick -= w
-                n += 1
-            out[i, s] = n
-            r -= n
+    left = np.full(count, n_layers, dtype=np.int64)
+    for s in range(stages):
+        top = max(bounds[s], 1)
+        cdf = np.ones((n_layers + 1, top))
+        for r in range(n_layers + 1):
+            total = ways[s][r]
+            if total == 0:
+                continue
+            acc = 0
+            for n in range(1, top + 1):
+                if n <= r:
+                    acc += ways[s + 1][r - n]
+                cdf[r, n - 1] = float(acc) / float(total) if n <= r else 1.0
+        u = rng.random(count)
+        pick = (u[:, None] >= cdf[left]).sum(axis=1) + 1
+        out[:, s] = pick
+        left -= pick
+    assert (left == 0).all()
     return out

@@ -1,0 +1,130 @@
+"""Readouts for people and drivers: stage tables, the stable JSON, plots.
+
+The JSON layout is documented in docs/json.md; ``inf`` becomes ``null``.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+from .model import PipelineModel
+from .options import MEGABYTE
+from .results import PipelineChoice
+
+JSON_VERSION = 1
+
+
+def _finite(x: float) -> float | None:
+    return None if x is None or not math.isfinite(x) else float(x)
+
+
+def option_label(model: PipelineModel):
+    """Option names alone, or ``kind/name`` where two kinds share an option name."""
+    owners: dict[str, set] = {}
+    for kind in model.kind_order:
+        for o in model.fronts[kind]:
+            owners.setdefault(getattr(o, "name", str(o)), set()).add(kind)
+    clash = any(len(k) > 1 for k in owners.values())
+    return lambda kind, opt: f"{kind}/{getattr(opt, 'name', opt)}" if clash else str(getattr(opt, "name", opt))
+
+
+def split_record(model: PipelineModel, counts: Sequence[int], choice: PipelineChoice, score: str,
+                 value: float, in_flight: Any = None, chunks: int = 1) -> dict:
+    """One solved split as the JSON record (and the source of the human table)."""
+    stages = model.stages(list(counts), in_flight, chunks)
+    label = option_label(model)
+    slowest = choice.slowest
+    p = len(stages)
+    first = np.concatenate(([0], np.cumsum(counts)))[:-1].tolist()
+    rows = []
+    for s, (stage, sc, t) in enumerate(zip(stages, choice.stages, choice.times)):
+        options: dict[str, int] = {}
+        for a in sc.assignments:
+            key = label(a.layers.kind, a.option)
+            options[key] = options.get(key, 0) + a.count
+        rows.append({
+            "stage": s,
+            "first_layer": first[s] if chunks == 1 else [first[c * p + s] for c in range(chunks)],
+            "layers": sum(g.count for g in stage.groups),
+            "in_flight": sorted({g.in_flight for g in stage.groups}) if chunks > 1 else
+            (stage.groups[0].in_flight if stage.groups else None),
+            "budget_bytes": stage.budget,
+            "memory_bytes": sc.memory,
+            "time": t,
+            "options": options,
+            "slowest": t == slowest,
+        })
+    total = 0.0
+    for t in choice.times:
+        total += t
+    return {
+        "counts": [int(c) for c in counts],
+        "score": _finite(value),
+        "score_kind": score,
+        "slowest": slowest,
+        "iteration_time_1f1b": (model.micro_batches - 1) * slowest + total,
+        "stages": rows,
+    }
+
+
+def format_split(record: dict, title: str) -> str:
+    """A human table of one split: one row per stage, the slowest marked with '*'."""
+    lines = [f"{title}: {record['score_kind']} = {record['score']:.6g}   counts {record['counts']}",
+             f"{'stage':>5} {'layers':>6} {'in-flight':>9} {'memory / budget (MiB)':>24} {'time':>12}  options"]
+    for r in record["stages"]:
+        mark = "*" if r["slowest"] else " "
+        mem = f"{r['memory_bytes'] / MEGABYTE:,.0f} / {r['budget_bytes'] / MEGABYTE:,.0f}"
+        opts = " ".join(f"{k}x{v}" for k, v in r["options"].items())
+        inflight = r["in_flight"] if not isinstance(r["in_flight"], list) else ",".join(map(str, r["in_flight"]))
+        lines.append(f"{r['stage']:>5} {r['layers']:>6} {inflight!s:>9} {mem:>24} {r['time']:>11.6g}{mark}  {opts}")
+    lines.append(f"slowest stage {record['slowest']:.6g}; 1F1B iteration time {record['iteration_time_1f1b']:.6g}")
+    return "\n".join(lines)
+
+
+def _pyplot():
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ValueError("--plot needs matplotlib (pip install 'gpuknap[plot]')") from None
+    return plt
+
+
+def plot_splits(records: Sequence[dict], path: str) -> None:
+    """Per-stage time, and memory against budget, for each of the best splits."""
+    plt = _pyplot()
+    fig, (ax_t, ax_m) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    width = 0.8 / max(len(records), 1)
+    for i, rec in enumerate(records):
+        xs = np.arange(len(rec["stages"])) + i * width
+        ax_t.bar(xs, [r["time"] for r in rec["stages"]], width, label=f"#{i + 1} {rec['counts']}")
+        ax_m.bar(xs, [r["memory_bytes"] / MEGABYTE for r in rec["stages"]], width)
+        ax_m.scatter(xs, [r["budget_bytes"] / MEGABYTE for r in rec["stages"]], marker="_", color="k", s=80)
+    ax_t.set_ylabel("stage time")
+    ax_m.set_ylabel("memory (MiB); - budget")
+    ax_m.set_xlabel("stage")
+    ax_t.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def plot_curve(points: Sequence[dict], path: str, title: str, budget: float | None = None) -> None:
+    """A stage's least time against its memory budget."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    xs = [p["budget_bytes"] / MEGABYTE for p in points if p["time"] is not None]
+    ys = [p["time"] for p in points if p["time"] is not None]
+    ax.step(xs, ys, where="post", marker=".")
+    if budget is not None:
+        ax.axvline(budget / MEGABYTE, color="k", linestyle=":", label="stage budget")
+        ax.legend()
+    ax.set_xlabel("memory budget (MiB)")
+    ax.set_ylabel("least time")
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
