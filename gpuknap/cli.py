@@ -268,6 +268,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, BackendUnavailable) as exc:
         print(f"gpuknap: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except OSError as exc:  # e.g. a --plot or --out path that cannot be written
+        print(f"gpuknap: error: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         return 130
 

@@ -46,6 +46,8 @@ class PipelineModel:
     _order: tuple = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
+        if isinstance(self.kinds, (str, bytes)) or not hasattr(self.kinds, "__iter__"):
+            raise ValueError(f"kinds must be a sequence of layer kinds, got {type(self.kinds).__name__}")
         kinds = tuple(self.kinds)
         object.__setattr__(self, "kinds", kinds)
         if not kinds:

@@ -14,6 +14,10 @@ from typing import Any, Hashable, Mapping, NamedTuple, Sequence
 import numpy as np
 
 MEGABYTE = 2**20
+#: Largest forward or backward time accepted: sums of any real number of layers stay finite.
+MAX_TIME = 1e200
+#: Weights are clipped here: no DP row is ever this wide, so such an option never fits.
+WEIGHT_CAP = 2**62
 
 
 @dataclass(frozen=True)
@@ -133,10 +137,14 @@ def useful_options(kind: Hashable, options: Sequence[Any], in_flight: int) -> li
             mem = opt.memory(in_flight)
         except AttributeError as exc:
             raise ValueError(f"{where} is not an option (needs memory(k), forward_time, backward_time)") from exc
+        except (TypeError, ValueError, ArithmeticError) as exc:
+            raise ValueError(f"{where}.memory({in_flight}) failed: {exc}") from None
         for name, val in (("forward_time", fwd), ("backward_time", bwd)):
             check_number(val, f"{where}.{name}")
             if val < 0:
                 raise ValueError(f"{where}.{name} must be >= 0, got {val!r}")
+            if val > MAX_TIME:
+                raise ValueError(f"{where}.{name} must be at most {MAX_TIME:g}, got {val!r}")
         check_number(mem, f"{where}.memory({in_flight})")
         if mem < 0:
             raise ValueError(f"{where}.memory({in_flight}) comes out negative ({mem!r} bytes)")
@@ -162,7 +170,10 @@ class FrontTable:
     def get(self, kind: Hashable, in_flight: int) -> Front:
         """The front of ``kind`` at ``in_flight`` (validated on first use)."""
         key = (kind, int(in_flight))
-        front = self._cache.get(key)
+        try:
+            front = self._cache.get(key)
+        except TypeError:
+            raise ValueError(f"layer kind {kind!r} is not hashable") from None
         if front is None:
             try:
                 options = self.fronts[kind]
@@ -171,7 +182,7 @@ class FrontTable:
             kept = useful_options(kind, options, int(in_flight))
             mems = np.array([m for m, _, _ in kept], dtype=np.float64)
             times = np.array([t for _, t, _ in kept], dtype=np.float64)
-            weights = np.array([buckets_up(m, self.bucket) for m in mems], dtype=np.int64)
+            weights = np.array([min(buckets_up(m, self.bucket), WEIGHT_CAP) for m in mems], dtype=np.int64)
             front = Front(kind, int(in_flight), tuple(o for _, _, o in kept), mems, times, weights)
             self._cache[key] = front
         return front

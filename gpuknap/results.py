@@ -17,6 +17,8 @@ class Stage:
     fixed_time: float = 0.0
 
     def __post_init__(self):
+        if isinstance(self.groups, (str, bytes)) or not hasattr(self.groups, "__iter__"):
+            raise ValueError(f"Stage.groups must be a sequence of Layers, got {type(self.groups).__name__}")
         object.__setattr__(self, "groups", tuple(self.groups))
 
 

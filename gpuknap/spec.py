@@ -133,7 +133,7 @@ def _layers(f: _Fields, data: Any, fronts: Mapping) -> list:
         run = f.mapping(run, f"layers[{i}]")
         if "kind" not in run:
             raise f.fail(f"layers[{i}]", "missing 'kind'")
-        if run["kind"] not in fronts:
+        if not isinstance(run["kind"], (str, int)) or isinstance(run["kind"], bool) or run["kind"] not in fronts:
             raise f.fail(f"layers[{i}].kind", f"unknown kind {run['kind']!r}; kinds are {sorted(map(str, fronts))}")
         kinds.extend([run["kind"]] * f.integer(run.get("count", 1), f"layers[{i}].count", 0))
     if not kinds:
