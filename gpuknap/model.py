@@ -18,8 +18,10 @@ from typing import Any, Hashable, Mapping, Sequence
 
 import numpy as np
 
-from .options import Layers, check_number
+from .options import MEGABYTE, Layers, check_number
+from .ranking import Ranking, rank as rank_candidates
 from .results import Stage
+from .stage import pp_lite
 
 
 def kind_counts(kinds: Sequence[Hashable]) -> tuple:
@@ -152,9 +154,6 @@ class PipelineModel:
 
         Within a stage (chunk), a kind's layers take its chosen options slowest first.
         """
-        from .options import MEGABYTE
-        from .stage import pp_lite
-
         stages = self.stages(counts, in_flight, chunks)
         choice = pp_lite(stages, self.fronts, MEGABYTE if bucket is None else bucket)
         if choice is None:
@@ -204,10 +203,7 @@ class PipelineModel:
         Rows are packed straight into the batch: each distinct (stage, start,
         end) segment becomes one stage problem, solved once.
         """
-        from .options import MEGABYTE
-        from .ranking import Ranking, rank as rank_candidates
-        from .segments import segment_times
-        from .stage import pp_lite
+        from .segments import segment_times  # segments builds on this module
 
         bucket = MEGABYTE if bucket is None else bucket
         arr = self.check_splits(splits, chunks)

@@ -64,11 +64,6 @@ class Layers(NamedTuple):
     in_flight: int = 1
 
 
-def option_time(option: Any) -> float:
-    """``forward_time + backward_time`` of any option-like object."""
-    return option.forward_time + option.backward_time
-
-
 def check_bucket(bucket: Any) -> float:
     """Validate a bucket size in bytes."""
     if isinstance(bucket, bool) or not isinstance(bucket, (int, float, np.integer, np.floating)):

@@ -91,14 +91,6 @@ def verdict(problem: StageProblem, table: FrontTable) -> Verdict:
     return Verdict(KNAPSACK, capacity=capacity)
 
 
-def expand_steps(problem: StageProblem) -> list[Hashable]:
-    """One front key per layer, in the DP's order."""
-    steps: list[Hashable] = []
-    for key, n in problem.runs:
-        steps.extend([key] * n)
-    return steps
-
-
 def zeros_row(width: int) -> np.ndarray:
     """The DP's start: time 0 at every capacity."""
     return np.zeros((1, width), dtype=np.float64)

@@ -33,7 +33,8 @@ from typing import Any
 import numpy as np
 
 from .model import PipelineModel
-from .options import MEGABYTE
+from .options import MEGABYTE, FrontTable
+from .problem import INFEASIBLE, canonical, verdict
 from .results import PipelineChoice
 from .segments import SegmentGroups, segment_times
 from .stage import pp_lite
@@ -54,22 +55,83 @@ def score_of(times: Any, score: str, micro_batches: int) -> float:
     return (micro_batches - 1) * slowest + total
 
 
-def segment_table(model: PipelineModel, stages: int, bucket: float, backend: Any,
-                  in_flight: Any = None, max_bytes: int | None = None) -> np.ndarray:
-    """``T[s, start, end]``: least time of stage s on layers ``start:end`` (``inf`` otherwise)."""
-    from .options import FrontTable
-    from .problem import INFEASIBLE, canonical, verdict
+#: Most segments an exhaustive search enumerates (each is a stage problem to classify).
+MAX_SEGMENTS = 2_000_000
 
+
+class SegmentTable:
+    """Segment times ``T[s, a, b]`` stored as a band: ``band[s, a, j]`` is the
+    segment ``a:a+1+j``; every segment outside the band is infeasible (``inf``)."""
+
+    def __init__(self, band: np.ndarray):
+        self.band = band
+        self.p, self.n1, self.width = band.shape
+        ends = np.arange(self.n1)[:, None] + 1 + np.arange(self.width)[None, :]
+        self.valid = ends < self.n1
+        self.ends = np.minimum(ends, self.n1 - 1)
+
+    def at(self, s: int, a: int, b: int) -> float:
+        j = b - a - 1
+        return float(self.band[s, a, j]) if 0 <= j < self.width else math.inf
+
+    def end_range(self, a: int) -> range:
+        return range(a + 1, min(self.n1, a + 1 + self.width))
+
+    def pull(self, values: np.ndarray, fill: Any) -> np.ndarray:
+        """``values[a + 1 + j]`` per ``(a, j)``, ``fill`` past the last layer."""
+        return np.where(self.valid, values[self.ends], fill)
+
+    def push_sum(self, contrib: np.ndarray) -> np.ndarray:
+        """Per end ``b``, the sum of ``contrib[a, j]`` over segments ending at ``b``."""
+        return np.bincount(self.ends[self.valid], weights=contrib[self.valid], minlength=self.n1)
+
+    def values(self) -> np.ndarray:
+        return np.unique(self.band[np.isfinite(self.band)])
+
+
+def _span_bounds(model: PipelineModel, inflight: list[int], fronts: FrontTable) -> np.ndarray:
+    """Per stage and start, an upper bound on the layers a stage can hold: their
+    static bytes plus their lightest options must fit the device."""
+    limit = model.capacity - model.reserved
+    n = model.layers
+    out = np.zeros((len(inflight), n + 1), dtype=np.int64)
+    for s, k in enumerate(inflight):
+        lightest = {kind: float(fronts.get(kind, k).memories[0]) for kind in model.kind_order}
+        cost = np.array([float(model.static[kind]) + lightest[kind] for kind in model.kinds])
+        prefix = np.concatenate(([0.0], np.cumsum(cost)))
+        reach = prefix + limit + abs(limit) * 1e-9 + 1e-6  # slack for sums in another order
+        last = np.searchsorted(prefix, reach, side="right") - 1
+        out[s] = np.maximum(last - np.arange(n + 1), 0)
+    return out
+
+
+def segment_table(model: PipelineModel, stages: int, bucket: float, backend: Any,
+                  in_flight: Any = None, max_bytes: int | None = None) -> SegmentTable:
+    """Least time of stage s on layers ``start:end`` for every segment of a split."""
     n = model.layers
     table = model.in_flight_table(stages, 1, in_flight)
+    inflight = [row[0] for row in table]
     fronts = FrontTable(model.fronts, bucket)
+    spans = _span_bounds(model, inflight, fronts)
+    width = 0
+    total = 0
+    for s in range(stages):
+        starts = np.arange(s, n - (stages - s) + 1)
+        room = np.minimum(spans[s, starts], (n - (stages - 1 - s)) - starts)
+        width = max(width, int(room.max(initial=0)))
+        total += int(room.sum())
+    if total > MAX_SEGMENTS:
+        raise ValueError(
+            f"an exhaustive search of {stages} stages over {n} layers would classify up to {total:,} segments "
+            f"(over {MAX_SEGMENTS:,}); rank candidate splits with model.rank instead")
     cache = SegmentGroups(model)
     seg_s, seg_a, seg_b = [], [], []
     feasible: dict[tuple, bool] = {}
     for s in range(stages):
-        k = table[s][0]
+        k = inflight[s]
         for start in range(s, n - (stages - s) + 1):
-            for end in range(start + 1, n - (stages - 1 - s) + 1):
+            last = min(start + int(spans[s, start]), n - (stages - 1 - s))
+            for end in range(start + 1, last + 1):
                 groups = cache.groups(start, end, k)
                 key = (groups, model.budget_of(groups))
                 ok = feasible.get(key)
@@ -80,41 +142,40 @@ def segment_table(model: PipelineModel, stages: int, bucket: float, backend: Any
                 seg_s.append(s)
                 seg_a.append(start)
                 seg_b.append(end)
-    out = np.full((stages, n + 1, n + 1), np.inf)
+    band = np.full((stages, n + 1, max(width, 1)), np.inf)
     if seg_s:
         s_a, a_a, b_a = (np.asarray(x, dtype=np.int64) for x in (seg_s, seg_a, seg_b))
-        inflight = np.array([row[0] for row in table], dtype=np.int64)
-        out[s_a, a_a, b_a] = segment_times(model, inflight, s_a, a_a, b_a, bucket, backend, max_bytes)
-    return out
+        band[s_a, a_a, b_a - a_a - 1] = segment_times(model, np.asarray(inflight), s_a, a_a, b_a, bucket,
+                                                      backend, max_bytes)
+    return SegmentTable(band)
 
 
-def _cover_tables(T: np.ndarray, tau: float) -> tuple[np.ndarray, np.ndarray]:
+def _cover_tables(T: SegmentTable, tau: float) -> tuple[np.ndarray, np.ndarray]:
     """``ok[s, a]``: stages s.. can cover layers a.. with every time <= tau;
     ``hit[s, a]``: the same with at least one time == tau."""
-    p, n1, _ = T.shape
-    ok = np.zeros((p + 1, n1), dtype=bool)
-    hit = np.zeros((p + 1, n1), dtype=bool)
-    ok[p, n1 - 1] = True
-    for s in range(p - 1, -1, -1):
-        under = T[s] <= tau
-        ok[s] = (under & ok[s + 1][None, :]).any(axis=1)
-        hit[s] = (under & (((T[s] == tau) & ok[s + 1][None, :]) | hit[s + 1][None, :])).any(axis=1)
+    ok = np.zeros((T.p + 1, T.n1), dtype=bool)
+    hit = np.zeros((T.p + 1, T.n1), dtype=bool)
+    ok[T.p, T.n1 - 1] = True
+    for s in range(T.p - 1, -1, -1):
+        under = T.band[s] <= tau
+        ok_next = T.pull(ok[s + 1], False)
+        ok[s] = (under & ok_next).any(axis=1)
+        hit[s] = (under & (((T.band[s] == tau) & ok_next) | T.pull(hit[s + 1], False))).any(axis=1)
     return ok, hit
 
 
-def _count(T: np.ndarray, tau: float, cap: int) -> int:
+def _count(T: SegmentTable, tau: float, cap: int) -> int:
     """Splits with every stage time <= tau, capped at ``cap``."""
-    p, n1, _ = T.shape
-    ways = np.zeros(n1, dtype=np.int64)
+    ways = np.zeros(T.n1)
     ways[0] = 1
-    for s in range(p):
-        ways = np.minimum((ways[:, None] * (T[s] <= tau)).sum(axis=0), cap)
-    return int(ways[n1 - 1])
+    for s in range(T.p):
+        ways = np.minimum(T.push_sum(ways[:, None] * (T.band[s] <= tau)), cap)
+    return int(ways[T.n1 - 1])
 
 
-def _walk_lex(T: np.ndarray, tau: float, need_hit: bool, limit: int) -> list[tuple]:
+def _walk_lex(T: SegmentTable, tau: float, need_hit: bool, limit: int) -> list[tuple]:
     """Splits with all times <= tau (and one == tau if ``need_hit``), lexicographic, at most ``limit``."""
-    p, n1, _ = T.shape
+    p = T.p
     ok, hit = _cover_tables(T, tau)
     out: list[tuple] = []
     counts: list[int] = []
@@ -125,8 +186,8 @@ def _walk_lex(T: np.ndarray, tau: float, need_hit: bool, limit: int) -> list[tup
         if s == p:
             out.append(tuple(counts))
             return
-        for b in range(a + 1, n1):
-            t = T[s, a, b]
+        for b in T.end_range(a):
+            t = T.at(s, a, b)
             if not t <= tau:
                 continue
             now = hit_yet or t == tau or not need_hit
@@ -144,13 +205,13 @@ def _walk_lex(T: np.ndarray, tau: float, need_hit: bool, limit: int) -> list[tup
     return out
 
 
-def _times_of(T: np.ndarray, counts: tuple) -> list[float]:
-    bounds = np.concatenate(([0], np.cumsum(counts)))
-    return [float(T[s, bounds[s], bounds[s + 1]]) for s in range(len(counts))]
+def _times_of(T: SegmentTable, counts: tuple) -> list[float]:
+    bounds = np.concatenate(([0], np.cumsum(counts))).tolist()
+    return [T.at(s, bounds[s], bounds[s + 1]) for s in range(len(counts))]
 
 
-def _top_slowest(T: np.ndarray, top: int) -> list[tuple]:
-    values = np.unique(T[np.isfinite(T)])
+def _top_slowest(T: SegmentTable, top: int) -> list[tuple]:
+    values = T.values()
     if len(values) == 0 or _count(T, values[-1], 1) == 0:
         return []
     lo, hi = 0, len(values) - 1
@@ -169,24 +230,25 @@ def _top_slowest(T: np.ndarray, top: int) -> list[tuple]:
     return [(c, t) for t, c in ranked] + [(c, float(tau_k)) for c in at_tau]
 
 
-def _suffix_min(T: np.ndarray, tau: float) -> tuple[np.ndarray, np.ndarray]:
+def _suffix_min(T: SegmentTable, tau: float) -> tuple[np.ndarray, np.ndarray]:
     """Least sum of stages s.. covering a.. with every time <= tau (``free``),
     and with at least one time == tau (``hit``)."""
-    p, n1, _ = T.shape
-    free = np.full((p + 1, n1), np.inf)
-    hit = np.full((p + 1, n1), np.inf)
-    free[p, n1 - 1] = 0.0
-    for s in range(p - 1, -1, -1):
-        under = np.where(T[s] <= tau, T[s], np.inf)
-        free[s] = (under + free[s + 1][None, :]).min(axis=1)
-        exact = np.where(T[s] == tau, T[s], np.inf)
-        hit[s] = np.minimum((exact + free[s + 1][None, :]).min(axis=1), (under + hit[s + 1][None, :]).min(axis=1))
+    free = np.full((T.p + 1, T.n1), np.inf)
+    hit = np.full((T.p + 1, T.n1), np.inf)
+    free[T.p, T.n1 - 1] = 0.0
+    for s in range(T.p - 1, -1, -1):
+        band = T.band[s]
+        under = np.where(band <= tau, band, np.inf)
+        free_next = T.pull(free[s + 1], np.inf)
+        free[s] = (under + free_next).min(axis=1)
+        exact = np.where(band == tau, band, np.inf)
+        hit[s] = np.minimum((exact + free_next).min(axis=1), (under + T.pull(hit[s + 1], np.inf)).min(axis=1))
     return free, hit
 
 
-def _top_1f1b(T: np.ndarray, top: int, micro_batches: int) -> list[tuple]:
-    p, n1, _ = T.shape
-    values = np.unique(T[np.isfinite(T)])
+def _top_1f1b(T: SegmentTable, top: int, micro_batches: int) -> list[tuple]:
+    p = T.p
+    values = T.values()
     free_all, _ = _suffix_min(T, math.inf)
     least_sum = free_all[0, 0]
     if not math.isfinite(least_sum):
@@ -218,8 +280,8 @@ def _top_1f1b(T: np.ndarray, top: int, micro_batches: int) -> list[tuple]:
                     offer(m1 * tau + total, tuple(counts))
                 return
             options = []
-            for b in range(a + 1, n1):
-                t = T[s, a, b]
+            for b in T.end_range(a):
+                t = T.at(s, a, b)
                 if not t <= tau:
                     continue
                 now = hit_yet or t == tau

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from .model import kind_counts
 from .options import FrontTable, Layers
 from .problem import canonical
 from .ranking import solve_problems
@@ -32,10 +33,7 @@ class SegmentGroups:
             return got
         prev = self._cache.get((start, end - 1))
         if prev is None:  # count from scratch
-            seen: dict = {}
-            for kind in self.model.kinds[start:end]:
-                seen[kind] = seen.get(kind, 0) + 1
-            got = tuple(seen.items())
+            got = kind_counts(self.model.kinds[start:end])
         else:  # one layer more than a cached segment
             kind = self.model.kinds[end - 1]
             items = list(prev)

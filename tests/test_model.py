@@ -125,3 +125,30 @@ def test_plan_lists_options_in_model_order_slowest_first():
     plan = model.plan([4], bucket=1)
     assert plan[0] == "y"
     assert plan[1:] == ["slow", "fast", "fast"]  # 2 fast (10) + 1 slow (1) = 11 bytes
+
+
+def test_best_splits_refuses_a_search_too_large_before_allocating():
+    fr = {"x": [LayerOption("o", 0, 1, 1)]}
+    model = PipelineModel(["x"] * 5000, fr, {"x": 0}, 10**12, 8)
+    with pytest.raises(ValueError, match="segments"):
+        best_splits(model, 8, backend="numpy")
+
+
+def test_best_splits_on_a_long_model_agrees_with_rank():
+    rng = random.Random(5)
+    fr = {"x": [LayerOption("a", 8, 1, 1), LayerOption("b", 2, 2, 1.5)], "y": [LayerOption("c", 3, 1, 0)]}
+    kinds = [rng.choice("xy") for _ in range(400)]
+    model = PipelineModel(kinds, fr, {"x": 2, "y": 1}, 700, 6)
+    got = best_splits(model, 6, 3, "1f1b", 4, backend="numpy")
+    assert len(got) == 3
+    r = model.rank(np.array([c for c, _, _ in got]), 4, backend="numpy")
+    for i, (counts, value, choice) in enumerate(got):
+        assert r.choice(i) == choice
+        assert value == score_of(choice.times, "1f1b", 6)
+    # no random split beats the reported best
+    cuts = np.sort(np.array([rng.sample(range(1, 400), 5) for _ in range(3000)]), axis=1)
+    rows = np.diff(np.concatenate([np.zeros((3000, 1), int), cuts, np.full((3000, 1), 400)], axis=1), axis=1)
+    rr = model.rank(rows, 4, backend="numpy")
+    ok = np.isfinite(rr.slowest)
+    scores = [score_of(rr.times(i), "1f1b", 6) for i in np.flatnonzero(ok)]
+    assert not scores or min(scores) >= got[0][1]
