@@ -125,3 +125,25 @@ def test_zero_layers_and_empty_groups():
     assert choose([], fr, 0).time == 0.0
     assert choose([Layers("x", 0)], fr, 0).assignments == ()
     assert choose([Layers("x", 0)], fr, -1) is None
+
+
+class DuckOption:
+    """Not a LayerOption: anything with memory(k), forward_time and backward_time works."""
+
+    def __init__(self, name, per, fwd, bwd):
+        self.name, self.per, self.forward_time, self.backward_time = name, per, fwd, bwd
+
+    def memory(self, k):
+        return self.per * k + 1
+
+
+def test_any_option_like_object_works_everywhere():
+    from gpuknap import PipelineModel, best_splits, rank
+    fr = {"x": [DuckOption("fast", 5, 1, 1), DuckOption("slow", 1, 2, 2)]}
+    c = choose([Layers("x", 3, 2)], fr, 20, 1)
+    assert c.time == 2 + 4 + 4 and c.memory == 11 + 3 + 3 and {a.option.name for a in c.assignments} == {"fast", "slow"}
+    stages = [Stage([Layers("x", 3, 2)], 20), Stage([Layers("x", 2, 1)], 20)]
+    assert rank([stages], fr, 1, backend="numpy").choice(0) == pp_lite(stages, fr, 1)
+    model = PipelineModel(["x"] * 5, fr, {"x": 1}, 30, 2)
+    assert best_splits(model, 2, 1, bucket=1, backend="numpy")[0][2] is not None
+    assert set(model.plan([3, 2], bucket=1)) <= {"fast", "slow"}
