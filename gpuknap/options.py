@@ -122,7 +122,9 @@ def useful_options(kind: Hashable, options: Sequence[Any], in_flight: int) -> li
     faster than every option kept before it.  Raises ValueError for an empty
     front, NaN or negative times and negative memory.
     """
-    if options is None or len(options) == 0:
+    if isinstance(options, (str, bytes)) or not isinstance(options, (Sequence, np.ndarray)):
+        raise ValueError(f"fronts[{kind!r}] must be a sequence of options, got {type(options).__name__}")
+    if len(options) == 0:
         raise ValueError(f"fronts[{kind!r}] is empty: every kind needs at least one option")
     rows = []
     for j, opt in enumerate(options):
