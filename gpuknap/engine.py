@@ -68,6 +68,8 @@ def solve_knapsacks(problems: Sequence[Knapsack], table: FrontTable, backend: Ba
     if not problems:
         return values
     limit = backend.default_max_bytes() if max_bytes is None else check_max_bytes(max_bytes)
+    if backend.is_gpu and max_bytes is not None:  # never more than the device has free
+        limit = min(limit, backend.default_max_bytes())
     for entries in plan_chunks(problems, limit, table.bucket):
         chunk = build_chunk(entries, table)
         ids = np.concatenate([lv.read_ids for lv in chunk.levels])

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import sys
 from typing import Any
 
 import numpy as np
@@ -319,10 +320,15 @@ def best_splits(model: PipelineModel, stages: int, top: int = 1, score: str = "s
     if score not in SCORES:
         raise ValueError(f"score must be one of {SCORES}, got {score!r}")
     T = segment_table(model, int(stages), bucket, backend, in_flight, max_bytes)
-    if score == "slowest":
-        found = _top_slowest(T, int(top))
-    else:
-        found = _top_1f1b(T, int(top), model.micro_batches)
+    depth = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(depth, int(stages) + 200))  # the walks recurse once per stage
+    try:
+        if score == "slowest":
+            found = _top_slowest(T, int(top))
+        else:
+            found = _top_1f1b(T, int(top), model.micro_batches)
+    finally:
+        sys.setrecursionlimit(depth)
     out = []
     for counts, value in found:
         choice = pp_lite(model.stages(list(counts), in_flight), model.fronts, bucket)
