@@ -12,6 +12,7 @@ import numpy as np
 from .model import PipelineModel
 from .options import MEGABYTE
 from .results import PipelineChoice
+from .search import score_of
 
 JSON_VERSION = 1
 
@@ -56,15 +57,12 @@ def split_record(model: PipelineModel, counts: Sequence[int], choice: PipelineCh
             "options": options,
             "slowest": t == slowest,
         })
-    total = 0.0
-    for t in choice.times:
-        total += t
     return {
         "counts": [int(c) for c in counts],
         "score": _finite(value),
         "score_kind": score,
         "slowest": slowest,
-        "iteration_time_1f1b": (model.micro_batches - 1) * slowest + total,
+        "iteration_time_1f1b": score_of(choice.times, "1f1b", model.micro_batches),
         "stages": rows,
     }
 

@@ -14,13 +14,14 @@
    first splits scoring exactly ``tau_k`` are then walked depth-first with
    "can the rest still be covered" tables, so every step leads to an answer.
 
-   ``1f1b``: ``(M - 1) * slowest + sum of stage times``.  Splits are grouped
-   by their bottleneck ``tau``; for each ``tau`` in increasing order a
-   best-first walk, pruned by the least possible sum of the remaining stages,
-   collects the splits whose bottleneck is exactly ``tau`` and whose score can
-   reach the current top k.  The scan stops once ``(M - 1) * tau`` plus the
-   least sum of any split exceeds the k-th best score (float rounding is
-   monotone, so this bound is exact).
+   ``1f1b``: ``(M - 1) * slowest + sum of stage times``, computed exactly
+   (segment times as integers times a power of two) and rounded once for
+   the report.  Splits are grouped by their bottleneck ``tau``; for each
+   ``tau`` in increasing order a best-first walk, cut by the exact least sum
+   of the remaining stages, collects the splits whose bottleneck is exactly
+   ``tau`` and that can still enter the top k (a better score, or an equal
+   score with counts that sort first).  The scan stops once ``(M - 1) * tau``
+   plus the least sum of any split exceeds the k-th best score.
 
 Ties are broken by the counts in lexicographic order.
 """
@@ -29,6 +30,7 @@ from __future__ import annotations
 import heapq
 import math
 import sys
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -41,19 +43,20 @@ from .segments import SegmentGroups, segment_times
 from .stage import pp_lite
 
 SCORES = ("slowest", "1f1b")
-#: Relative slack for pruning with sums added in another order (exact checks follow).
-SLACK = 1e-9
+
+
+def exact_score(times: Any, score: str, micro_batches: int) -> Fraction:
+    """A split's score, exactly: ``slowest``, or ``(M - 1) * slowest + sum(times)``
+    for the 1F1B iteration time.  Splits are ranked by this exact value."""
+    slowest = Fraction(max(times))
+    if score == "slowest":
+        return slowest
+    return (micro_batches - 1) * slowest + sum(map(Fraction, times))
 
 
 def score_of(times: Any, score: str, micro_batches: int) -> float:
-    """A split's score from its stage times: ``slowest`` or the 1F1B iteration time."""
-    slowest = max(times)
-    if score == "slowest":
-        return slowest
-    total = 0.0
-    for t in times:
-        total += t
-    return (micro_batches - 1) * slowest + total
+    """A split's score as reported: the exact score rounded once to a float."""
+    return float(exact_score(times, score, micro_batches))
 
 
 #: Most segments an exhaustive search enumerates (each is a stage problem to classify).
@@ -231,75 +234,108 @@ def _top_slowest(T: SegmentTable, top: int) -> list[tuple]:
     return [(c, t) for t, c in ranked] + [(c, float(tau_k)) for c in at_tau]
 
 
-def _suffix_min(T: SegmentTable, tau: float) -> tuple[np.ndarray, np.ndarray]:
-    """Least sum of stages s.. covering a.. with every time <= tau (``free``),
-    and with at least one time == tau (``hit``)."""
-    free = np.full((T.p + 1, T.n1), np.inf)
-    hit = np.full((T.p + 1, T.n1), np.inf)
-    free[T.p, T.n1 - 1] = 0.0
+class ExactTimes:
+    """Segment times as exact integers (every float is an integer times a power
+    of two), so that sums of stage times are exact and ties are real ties."""
+
+    def __init__(self, T: SegmentTable, micro_batches: int):
+        finite = np.isfinite(T.band)
+        values = np.unique(T.band[finite])
+        ratios = [v.as_integer_ratio() for v in values.tolist()]
+        self.scale = max((d for _, d in ratios), default=1)
+        ints = [n * (self.scale // d) for n, d in ratios]
+        top = max(ints, default=0) + 1
+        limit = (T.p + 1) * top * (micro_batches + 1)
+        self.dtype = np.int64 if limit < 2**60 else object
+        self.inf = 2**61 if self.dtype is np.int64 else 4 * limit  # above any finite sum, twice over
+        self.band = np.full(T.band.shape, self.inf, dtype=self.dtype)
+        self.band[finite] = np.array(ints, dtype=self.dtype)[np.searchsorted(values, T.band[finite])]
+
+    def value(self, x: float) -> int:
+        n, d = x.as_integer_ratio()
+        return n * (self.scale // d)
+
+    def to_float(self, n: int) -> float:
+        return int(n) / self.scale  # int / int is correctly rounded
+
+
+def _suffix_min(T: SegmentTable, X: ExactTimes, tau: float) -> tuple[np.ndarray, np.ndarray]:
+    """Exact least sum of stages s.. covering a.. with every time <= tau
+    (``free``), and with at least one time == tau (``hit``); ``X.inf`` if none."""
+    free = np.full((T.p + 1, T.n1), X.inf, dtype=X.dtype)
+    hit = np.full((T.p + 1, T.n1), X.inf, dtype=X.dtype)
+    free[T.p, T.n1 - 1] = 0
     for s in range(T.p - 1, -1, -1):
-        band = T.band[s]
-        under = np.where(band <= tau, band, np.inf)
-        free_next = T.pull(free[s + 1], np.inf)
-        free[s] = (under + free_next).min(axis=1)
-        exact = np.where(band == tau, band, np.inf)
-        hit[s] = np.minimum((exact + free_next).min(axis=1), (under + T.pull(hit[s + 1], np.inf)).min(axis=1))
+        under = np.where(T.band[s] <= tau, X.band[s], X.inf)
+        exact = np.where(T.band[s] == tau, X.band[s], X.inf)
+        free_next = T.pull(free[s + 1], X.inf)
+        free[s] = np.minimum((under + free_next).min(axis=1), X.inf)
+        hit[s] = np.minimum(np.minimum((exact + free_next).min(axis=1),
+                                       (under + T.pull(hit[s + 1], X.inf)).min(axis=1)), X.inf)
     return free, hit
 
 
 def _top_1f1b(T: SegmentTable, top: int, micro_batches: int) -> list[tuple]:
-    p = T.p
-    values = T.values()
-    free_all, _ = _suffix_min(T, math.inf)
+    """Best-first walk per bottleneck with exact integer sums: a branch is cut when
+    its least reachable score is above the k-th best, or equal to it with counts
+    that already sort after the k-th best's."""
+    X = ExactTimes(T, micro_batches)
+    p, m1 = T.p, micro_batches - 1
+    free_all, _ = _suffix_min(T, X, math.inf)
     least_sum = free_all[0, 0]
-    if not math.isfinite(least_sum):
+    if least_sum >= X.inf:
         return []
-    heap: list[tuple] = []  # max-heap of the best k as (-score, negated counts)
-    m1 = micro_batches - 1
+    heap: list[tuple] = []  # the best k as (-score, negated counts): heap[0] is the worst
 
-    def bound() -> float:
-        return -heap[0][0] if len(heap) >= top else math.inf
+    def beaten(score: int, prefix: tuple) -> bool:
+        """Can no split with this least score and counts prefix enter the top k?"""
+        if len(heap) < top:
+            return False
+        worst = -heap[0][0]
+        if score != worst:
+            return score > worst
+        return prefix > tuple(-c for c in heap[0][1][:len(prefix)])
 
-    def offer(score: float, counts: tuple) -> None:
+    def offer(score: int, counts: tuple) -> None:
         item = (-score, tuple(-c for c in counts))
         if len(heap) < top:
             heapq.heappush(heap, item)
         elif item > heap[0]:
             heapq.heapreplace(heap, item)
 
-    for tau in values.tolist():
-        if m1 * tau + least_sum > bound() * (1 + SLACK) + SLACK:
-            break
-        free, hit = _suffix_min(T, tau)
-        if not math.isfinite(hit[0, 0]):
+    for tau in T.values().tolist():
+        tau_x = m1 * X.value(tau)
+        if len(heap) >= top and tau_x + least_sum > -heap[0][0]:
+            break  # every later bottleneck scores more than the k-th best
+        free, hit = _suffix_min(T, X, tau)
+        if hit[0, 0] >= X.inf:
             continue
         counts: list[int] = []
 
-        def walk(s: int, a: int, total: float, hit_yet: bool) -> None:
+        def walk(s: int, a: int, total: int, hit_yet: bool) -> None:
             if s == p:
-                if hit_yet:
-                    offer(m1 * tau + total, tuple(counts))
+                offer(tau_x + total, tuple(counts))
                 return
             options = []
             for b in T.end_range(a):
-                t = T.at(s, a, b)
+                t = T.band[s, a, b - a - 1]
                 if not t <= tau:
                     continue
                 now = hit_yet or t == tau
                 rest = free[s + 1, b] if now else hit[s + 1, b]
-                if math.isfinite(rest):
-                    options.append((total + t + rest, b, t, now))
+                if rest < X.inf:
+                    t_x = int(X.band[s, a, b - a - 1])
+                    options.append((total + t_x + int(rest), b, t_x, now))
             options.sort()
-            for low, b, t, now in options:
-                if m1 * tau + low > bound() * (1 + SLACK) + SLACK:
-                    break
+            for low, b, t_x, now in options:
                 counts.append(b - a)
-                walk(s + 1, b, total + t, now)
+                if not beaten(tau_x + low, tuple(counts)):
+                    walk(s + 1, b, total + t_x, now)
                 counts.pop()
 
-        walk(0, 0, 0.0, False)
+        walk(0, 0, 0, False)
     best = sorted((-neg, tuple(-c for c in cs)) for neg, cs in heap)
-    return [(c, score) for score, c in best]
+    return [(c, X.to_float(score)) for score, c in best]
 
 
 def best_splits(model: PipelineModel, stages: int, top: int = 1, score: str = "slowest",

@@ -8,8 +8,8 @@ import random
 import numpy as np
 import pytest
 
-from gpuknap import LayerOption, Layers, PipelineModel, best_splits, pp_lite
-from gpuknap.search import score_of
+from gpuknap import MEGABYTE, LayerOption, Layers, PipelineModel, best_splits, pp_lite
+from gpuknap.search import exact_score, score_of
 
 
 def compositions(n, p):
@@ -36,8 +36,8 @@ def brute(model, p, score, bucket):
     for counts in compositions(model.layers, p):
         choice = pp_lite(model.stages(counts), model.fronts, bucket)
         if choice is not None:
-            found.append((score_of(choice.times, score, model.micro_batches), counts))
-    return sorted(found)
+            found.append((exact_score(choice.times, score, model.micro_batches), counts))
+    return [(float(s), c) for s, c in sorted(found)]  # ranked exactly, reported rounded
 
 
 @pytest.mark.parametrize("seed", range(30))
@@ -63,12 +63,13 @@ def test_infeasible_model_gives_empty_list():
     assert best_splits(model, 2, 3, "1f1b", backend="numpy") == []
 
 
-def test_ties_broken_by_counts_lexicographically():
-    fr = {"x": [LayerOption("o", 0, 1, 0)]}
-    model = PipelineModel(["x"] * 6, fr, {"x": 0}, 100, 1)
-    got = best_splits(model, 3, 10, backend="numpy")
-    want = sorted((max(c), c) for c in compositions(6, 3))[:10]
-    assert [(s, c) for c, s, _ in got] == [(float(s), c) for s, c in want]
+@pytest.mark.parametrize("score", ["slowest", "1f1b"])
+@pytest.mark.parametrize("time", [1.0, 0.1])
+def test_ties_broken_by_counts_lexicographically(score, time):
+    fr = {"x": [LayerOption("o", 0, time, 0)]}
+    model = PipelineModel(["x"] * 9, fr, {"x": 0}, 100, 3)
+    got = best_splits(model, 4, 12, score, backend="numpy")
+    assert [(s, c) for c, s, _ in got] == brute(model, 4, score, MEGABYTE)[:12]
 
 
 @pytest.mark.parametrize("seed", range(8))
