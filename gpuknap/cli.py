@@ -261,7 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if getattr(args, "top", 1) is not None and getattr(args, "top", 1) < 1:
+    if getattr(args, "top", 1) < 1:
         parser.exit(EXIT_BAD_INPUT, "gpuknap: error: --top must be >= 1\n")
     try:
         return args.func(args)
