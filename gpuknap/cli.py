@@ -8,16 +8,16 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
 import sys
 import time
 from importlib import resources
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from . import __version__
 from .backend import BackendUnavailable, get_backend
+from .options import FrontTable
 from .report import JSON_VERSION, format_split, plot_curve, plot_splits, split_record
 from .search import SCORES, best_splits
 from .spec import Spec, load_spec
@@ -198,12 +198,11 @@ def cmd_curve(args: argparse.Namespace) -> int:
     if not 0 <= args.stage < len(stages):
         raise BadInput(f"--stage must be in 0..{len(stages) - 1}, got {args.stage}")
     stage = stages[args.stage]
-    fronts = spec.model.fronts
-    lightest = sum(g.count * min(o.memory(g.in_flight) for o in fronts[g.kind]) for g in stage.groups)
-    fastest = sum(g.count * min(fronts[g.kind], key=lambda o: (o.forward_time + o.backward_time,
-                                                               o.memory(g.in_flight))).memory(g.in_flight)
-                  for g in stage.groups)
-    within = least_times(stage.groups, fronts, max(stage.budget, fastest), spec.bucket)
+    table = FrontTable(spec.model.fronts, spec.bucket)
+    useful = [(g.count, table.get(g.kind, g.in_flight)) for g in stage.groups]
+    lightest = sum(n * float(f.memories[0]) for n, f in useful)
+    fastest = sum(n * float(f.memories[-1]) for n, f in useful)
+    within = least_times(stage.groups, spec.model.fronts, max(stage.budget, fastest), spec.bucket)
     budgets = sorted(set(np.linspace(lightest, fastest, max(args.points, 2)).tolist()) | {max(stage.budget, 0.0)})
     points = []
     for b in budgets:

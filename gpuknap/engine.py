@@ -12,7 +12,7 @@ import numpy as np
 
 from .backend import Backend
 from .batch import Chunk, Knapsack, build_chunk, plan_chunks
-from .options import FrontTable
+from .options import FrontTable, check_int
 
 
 def _upload(backend: Backend, chunk: Chunk) -> list[tuple]:
@@ -79,6 +79,4 @@ def solve_knapsacks(problems: Sequence[Knapsack], table: FrontTable, backend: Ba
 
 def check_max_bytes(max_bytes: object) -> int:
     """Validate ``max_bytes``: a positive integer number of bytes."""
-    if isinstance(max_bytes, bool) or not isinstance(max_bytes, (int, np.integer)) or max_bytes <= 0:
-        raise ValueError(f"max_bytes must be a positive integer (bytes) or None, got {max_bytes!r}")
-    return int(max_bytes)
+    return check_int(max_bytes, "max_bytes (bytes, or None)", 1)

@@ -18,7 +18,7 @@ from typing import Any, Hashable, Mapping, Sequence
 
 import numpy as np
 
-from .options import MEGABYTE, Layers, check_number
+from .options import MEGABYTE, Layers, check_int, check_number
 from .ranking import Ranking, rank as rank_candidates
 from .results import Stage
 from .stage import pp_lite
@@ -75,9 +75,7 @@ class PipelineModel:
                 raise ValueError(f"static[{kind!r}] must be >= 0, got {value!r}")
         check_number(self.capacity, "capacity")
         check_number(self.reserved, "reserved")
-        m = self.micro_batches
-        if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 1:
-            raise ValueError(f"micro_batches must be an integer >= 1, got {m!r}")
+        check_int(self.micro_batches, "micro_batches", 1)
         object.__setattr__(self, "_order", tuple(order))
         object.__setattr__(self, "_codes", np.array([codes[k] for k in kinds], dtype=np.int64))
 
@@ -97,8 +95,7 @@ class PipelineModel:
 
     def in_flight_table(self, stages: int, chunks: int, in_flight: Any = None) -> list[list[int]]:
         """Validated in-flight counts ``[stage][chunk]``."""
-        if isinstance(chunks, bool) or not isinstance(chunks, (int, np.integer)) or chunks < 1:
-            raise ValueError(f"chunks must be an integer >= 1, got {chunks!r}")
+        check_int(chunks, "chunks", 1)
         if in_flight is None:
             if chunks > 1:
                 raise ValueError("in_flight is required for interleaved pipelines (chunks > 1): give in_flight[stage][chunk]")
@@ -108,8 +105,7 @@ class PipelineModel:
             raise ValueError(f"in_flight must have {stages} rows of {chunks} counts (stages x chunks)")
         for s, row in enumerate(table):
             for c, k in enumerate(row):
-                if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-                    raise ValueError(f"in_flight[{s}][{c}] must be an integer >= 1, got {k!r}")
+                check_int(k, f"in_flight[{s}][{c}]", 1)
         return [[int(k) for k in row] for row in table]
 
     def check_counts(self, counts: Any, chunks: int = 1) -> list[int]:

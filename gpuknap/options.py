@@ -73,6 +73,13 @@ def check_bucket(bucket: Any) -> float:
     return bucket
 
 
+def check_int(value: Any, field: str, low: int = 0) -> int:
+    """An integer (not a bool) ``>= low``, else ValueError naming ``field``."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise ValueError(f"{field} must be an integer >= {low}, got {value!r}")
+    return int(value)
+
+
 def check_number(value: Any, field: str, *, allow_inf: bool = False) -> float:
     """A real number (not NaN; finite unless ``allow_inf``), else ValueError naming ``field``."""
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
@@ -86,11 +93,8 @@ def check_layers(group: Any, where: str) -> Layers:
     """Validate one group of layers."""
     if not isinstance(group, Layers):
         raise ValueError(f"{where} must be a Layers, got {type(group).__name__}")
-    count, in_flight = group.count, group.in_flight
-    if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:
-        raise ValueError(f"{where}.count must be an integer >= 0, got {count!r}")
-    if isinstance(in_flight, bool) or not isinstance(in_flight, (int, np.integer)) or in_flight < 1:
-        raise ValueError(f"{where}.in_flight must be an integer >= 1, got {in_flight!r}")
+    check_int(group.count, f"{where}.count", 0)
+    check_int(group.in_flight, f"{where}.in_flight", 1)
     return group
 
 

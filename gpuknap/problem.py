@@ -8,7 +8,7 @@ every entry point that solves the same problem performs the same additions.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Hashable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 

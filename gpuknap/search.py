@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from .model import PipelineModel
-from .options import MEGABYTE, FrontTable
+from .options import MEGABYTE, FrontTable, check_int
 from .problem import INFEASIBLE, canonical, verdict
 from .results import PipelineChoice
 from .segments import SegmentGroups, segment_times
@@ -348,9 +348,7 @@ def best_splits(model: PipelineModel, stages: int, top: int = 1, score: str = "s
     """
     if not isinstance(model, PipelineModel):
         raise ValueError(f"model must be a PipelineModel, got {type(model).__name__}")
-    for name, value, low in (("stages", stages, 1), ("top", top, 1)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    stages, top = check_int(stages, "stages", 1), check_int(top, "top", 1)
     if stages > model.layers:
         raise ValueError(f"stages={stages} exceeds the model's {model.layers} layers")
     if score not in SCORES:

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from gpuknap import (LayerOption, Layers, PipelineModel, Stage, best_splits, choose, least_times, pp_lite, rank,
+from gpuknap import (LayerOption, Layers, Stage, best_splits, choose, least_times, pp_lite, rank,
                      suffix_times)
 from gpuknap.spec import load_spec
 from reference import close, dp_stage_time
-from strategies import budgets, buckets, candidates, fronts, groups
+from strategies import budgets, buckets, candidates, fronts
 from test_inputs import EXAMPLES
 from test_rank import random_model_batch
 

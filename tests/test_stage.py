@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import math
 
-import pytest
 from hypothesis import given, settings, strategies as st
 
 from gpuknap import LayerOption, Layers, choose, least_times, pp_lite, suffix_times, Stage
