@@ -44,7 +44,6 @@ class PipelineModel:
     capacity: float
     micro_batches: int
     reserved: float = 0.0
-    _codes: np.ndarray = field(init=False, repr=False, compare=False)
     _order: tuple = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -57,11 +56,11 @@ class PipelineModel:
         if not hasattr(self.fronts, "__getitem__") or not hasattr(self.static, "__getitem__"):
             raise ValueError("fronts and static must be mappings from kind")
         order: list[Hashable] = []
-        codes = {}
+        seen: set = set()
         for i, kind in enumerate(kinds):
             try:
-                if kind not in codes:
-                    codes[kind] = len(order)
+                if kind not in seen:
+                    seen.add(kind)
                     order.append(kind)
             except TypeError:
                 raise ValueError(f"kinds[{i}] is not hashable: {kind!r}") from None
@@ -77,7 +76,6 @@ class PipelineModel:
         check_number(self.reserved, "reserved")
         check_int(self.micro_batches, "micro_batches", 1)
         object.__setattr__(self, "_order", tuple(order))
-        object.__setattr__(self, "_codes", np.array([codes[k] for k in kinds], dtype=np.int64))
 
     @property
     def layers(self) -> int:

@@ -16,7 +16,7 @@ import numpy as np
 from .backend import get_backend
 from .batch import Knapsack
 from .engine import check_max_bytes, solve_knapsacks
-from .options import MEGABYTE, FrontTable
+from .options import MEGABYTE, FrontTable, check_number
 from .problem import FASTEST, KNAPSACK, StageProblem, canonical, fronts_of, verdict
 from .results import PipelineChoice, Stage
 from .stage import check_stages, pp_lite
@@ -134,13 +134,6 @@ def _flatten(candidates: list) -> tuple[list, list[int]]:
     return flat, [0, *accumulate(map(len, candidates))]
 
 
-def _check_fixed(fixed: Any) -> float:
-    if isinstance(fixed, bool) or not isinstance(fixed, (int, float, np.integer, np.floating)) \
-            or not np.isfinite(fixed):
-        raise ValueError(f"fixed_time must be a finite number, got {fixed!r}")
-    return float(fixed)
-
-
 def _dedup(flat: list, offsets: list, table: FrontTable) -> tuple:
     """Per stage its key id; the distinct validated problems; per key its problem
     id and fixed time.  A key is ``(groups, budget, fixed_time)``."""
@@ -156,7 +149,7 @@ def _dedup(flat: list, offsets: list, table: FrontTable) -> tuple:
     key_problem, key_fixed = [], []
     for (groups, budget, fixed), at in index.items():
         try:
-            key_fixed.append(_check_fixed(fixed))
+            key_fixed.append(float(check_number(fixed, "fixed_time")))
             problem = canonical(groups, budget)
             fronts_of(problem, table)
         except ValueError as exc:
