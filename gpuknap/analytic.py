@@ -31,11 +31,20 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any, Mapping
 
+from .documents import check_keys
 from .model import PipelineModel
 from .options import LayerOption
 
 #: Dense BF16 peak of an H100/H200 SXM (FLOP/s).
 HOPPER_BF16_PEAK = 989e12
+
+
+#: Fields that count things (must be integers).
+INTEGER_FIELDS = frozenset({"layers", "hidden", "heads", "ffn", "seq", "kv_heads", "vocab", "micro_batch",
+                            "tensor_parallel", "data_parallel"})
+#: Upper bounds that keep every formula finite; sizes not listed are bounded by MAX_SIZE.
+MAX_SIZE = 10**7
+LIMITS = {"layers": 100_000, "peak_flops": 1e21, "param_bytes": 64.0, "optimizer_bytes": 64.0}
 
 
 @dataclass(frozen=True)
@@ -70,8 +79,13 @@ class TransformerConfig:
                 continue
             if value is None:
                 continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
+            if f.name in INTEGER_FIELDS:
+                if isinstance(value, bool) or not isinstance(value, int):
+                    raise ValueError(f"transformer.{f.name} must be an integer, got {value!r}")
+            elif isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise ValueError(f"transformer.{f.name} must be a number, got {value!r}")
+            if not value <= LIMITS.get(f.name, MAX_SIZE):
+                raise ValueError(f"transformer.{f.name} must be at most {LIMITS.get(f.name, MAX_SIZE):g}, got {value!r}")
             if f.name == "vocab":
                 if value < 0:
                     raise ValueError(f"transformer.vocab must be >= 0, got {value!r}")
@@ -158,21 +172,18 @@ def config_from(data: Mapping[str, Any], where: str = "transformer") -> Transfor
         raise ValueError(f"{where} must be a mapping")
     data = dict(data)
     preset = data.pop("preset", None)
-    names = {f.name for f in fields(TransformerConfig)}
-    unknown = sorted(set(data) - names)
-    if unknown:
-        raise ValueError(f"{where}: unknown field(s) {unknown}; known: {sorted(names)}")
+    check_keys(data, {f.name for f in fields(TransformerConfig)} | {"preset"}, where)
     if preset is not None:
-        if preset not in PRESETS:
+        if not isinstance(preset, str) or preset not in PRESETS:
             raise ValueError(f"{where}.preset must be one of {sorted(PRESETS)}, got {preset!r}")
         try:
             return replace(PRESETS[preset], **data)
         except ValueError as exc:
-            raise ValueError(f"{where}: {exc}") from None
+            raise ValueError(str(exc).replace("transformer.", f"{where}.", 1)) from None
     missing = sorted({"layers", "hidden", "heads", "ffn", "seq"} - set(data))
     if missing:
         raise ValueError(f"{where}: missing field(s) {missing} (or give a preset)")
     try:
         return TransformerConfig(**data)
     except ValueError as exc:
-        raise ValueError(f"{where}: {exc}") from None
+        raise ValueError(str(exc).replace("transformer.", f"{where}.", 1)) from None

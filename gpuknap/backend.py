@@ -25,8 +25,11 @@ CPU_DEFAULT_CAP = 2 * 2**30
 GPU_FREE_SHARE = 0.5
 
 
-class BackendUnavailable(RuntimeError):
-    """The requested backend cannot run here (the message says why)."""
+class BackendUnavailable(ValueError, RuntimeError):
+    """The requested backend cannot run here (the message says why).
+
+    A ``ValueError`` like every other refusal of an argument (and, as before,
+    a ``RuntimeError``), so ``except ValueError`` catches every bad input."""
 
 
 @dataclass(frozen=True)

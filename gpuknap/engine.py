@@ -6,13 +6,15 @@ of its rows, and only the readouts come back to the host.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from .backend import Backend
 from .batch import Chunk, Knapsack, build_chunk, plan_chunks
+from .limits import check_work
 from .options import FrontTable, check_int
+from .progress import report
 
 
 def _upload(backend: Backend, chunk: Chunk) -> list[tuple]:
@@ -44,8 +46,9 @@ def _upload(backend: Backend, chunk: Chunk) -> list[tuple]:
     return out
 
 
-def run_chunk(backend: Backend, chunk: Chunk) -> np.ndarray:
-    """All readouts of a chunk, in the order of its levels' ``read_ids``."""
+def run_chunk(backend: Backend, chunk: Chunk, on_level: Callable[[int], None] | None = None) -> np.ndarray:
+    """All readouts of a chunk, in the order of its levels' ``read_ids``;
+    ``on_level(cells)`` is called after each level."""
     xp = backend.xp
     prev = xp.zeros((1, chunk.root_width), dtype=xp.float64)
     values = []
@@ -53,6 +56,8 @@ def run_chunk(backend: Backend, chunk: Chunk) -> np.ndarray:
         prev = backend.pass_level(prev, parent, lv, tables)
         if len(lv.read_ids):
             values.append(prev[rr, rc])
+        if on_level is not None:
+            on_level(lv.rows * lv.width)
     if not values:
         return np.empty(0)
     return backend.to_host(xp.concatenate(values))
@@ -70,10 +75,19 @@ def solve_knapsacks(problems: Sequence[Knapsack], table: FrontTable, backend: Ba
     limit = backend.default_max_bytes() if max_bytes is None else check_max_bytes(max_bytes)
     if backend.is_gpu and max_bytes is not None:  # never more than the device has free
         limit = min(limit, backend.default_max_bytes())
-    for entries in plan_chunks(problems, limit, table.bucket):
-        chunk = build_chunk(entries, table)
+    chunks = [build_chunk(entries, table) for entries in plan_chunks(problems, limit, table.bucket)]
+    total = sum(chunk.cells for chunk in chunks)
+    check_work(total, table.bucket, f"solving {len(problems):,} stage problems")
+    done = 0
+
+    def tick(cells: int) -> None:
+        nonlocal done
+        done += cells
+        report("DP passes", done, total)
+
+    for chunk in chunks:
         ids = np.concatenate([lv.read_ids for lv in chunk.levels])
-        values[ids] = run_chunk(backend, chunk)
+        values[ids] = run_chunk(backend, chunk, tick)
     return values
 
 

@@ -18,7 +18,14 @@ from typing import Any, Hashable, Mapping, Sequence
 
 import numpy as np
 
-from .options import MEGABYTE, Layers, check_int, check_number
+from .backend import get_backend
+from .engine import check_max_bytes
+from .options import MEGABYTE, Layers, check_bucket, check_int, check_number
+
+#: Most layers a model may have (a bound checked before anything is allocated).
+MAX_LAYERS = 1_000_000
+#: Most micro-batches (and so in-flight counts) a model may have.
+MAX_IN_FLIGHT = 1_000_000
 from .ranking import Ranking, rank as rank_candidates
 from .results import Stage
 from .stage import pp_lite
@@ -72,9 +79,17 @@ class PipelineModel:
             value = check_number(self.static[kind], f"static[{kind!r}]")
             if value < 0:
                 raise ValueError(f"static[{kind!r}] must be >= 0, got {value!r}")
+        if len(kinds) > MAX_LAYERS:
+            raise ValueError(f"kinds: {len(kinds):,} layers is over the limit of {MAX_LAYERS:,}")
         check_number(self.capacity, "capacity")
         check_number(self.reserved, "reserved")
+        if self.capacity <= 0:
+            raise ValueError(f"capacity must be > 0 bytes, got {self.capacity!r}")
+        if not 0 <= self.reserved < self.capacity:
+            raise ValueError(f"reserved must be >= 0 and below capacity ({self.capacity!r}), got {self.reserved!r}")
         check_int(self.micro_batches, "micro_batches", 1)
+        if self.micro_batches > MAX_IN_FLIGHT:
+            raise ValueError(f"micro_batches must be at most {MAX_IN_FLIGHT:,}, got {self.micro_batches!r}")
         object.__setattr__(self, "_order", tuple(order))
 
     @property
@@ -104,6 +119,8 @@ class PipelineModel:
         for s, row in enumerate(table):
             for c, k in enumerate(row):
                 check_int(k, f"in_flight[{s}][{c}]", 1)
+                if k > MAX_IN_FLIGHT:
+                    raise ValueError(f"in_flight[{s}][{c}] must be at most {MAX_IN_FLIGHT:,}, got {k!r}")
         return [[int(k) for k in row] for row in table]
 
     def check_counts(self, counts: Any, chunks: int = 1) -> list[int]:
@@ -170,19 +187,26 @@ class PipelineModel:
 
     def check_splits(self, splits: Any, chunks: int = 1) -> np.ndarray:
         """Validate an integer array ``[B, P * chunks]`` of layer counts (row numbers in errors)."""
-        arr = np.asarray(splits)
+        check_int(chunks, "chunks", 1)
+        try:
+            arr = np.asarray(splits)
+        except (ValueError, TypeError):
+            raise ValueError("splits must be a 2-D integer array [B, P*chunks] (rows of equal length)") from None
         if arr.ndim != 2 or arr.shape[1] == 0 or arr.shape[1] % chunks:
             raise ValueError(f"splits must be a 2-D integer array [B, P*chunks], got shape {arr.shape}")
         if arr.dtype.kind not in "iu":
             if arr.dtype.kind == "f" and np.isfinite(arr).all() and (arr == np.round(arr)).all():
-                arr = arr.astype(np.int64)
+                arr = np.clip(arr, -1, self.layers + 1).astype(np.int64)  # out-of-range counts stay out of range
             else:
                 raise ValueError(f"splits must hold integer layer counts, got dtype {arr.dtype}")
+        elif arr.dtype.kind == "u" or arr.dtype.itemsize > 8:
+            arr = np.clip(arr, 0, self.layers + 1)
         arr = arr.astype(np.int64, copy=False)
         bad = np.flatnonzero(arr.min(axis=1, initial=1) < 1) if arr.size else np.empty(0, np.int64)
         if len(bad):
             row = int(bad[0])
             raise ValueError(f"splits row {row} has a count < 1: {arr[row].tolist()}")
+        arr = np.minimum(arr, self.layers + 1)  # no int64 overflow in the sums below
         sums = arr.sum(axis=1)
         bad = np.flatnonzero(sums != self.layers)
         if len(bad):
@@ -199,7 +223,10 @@ class PipelineModel:
         """
         from .segments import segment_times  # segments builds on this module
 
-        bucket = MEGABYTE if bucket is None else bucket
+        bucket = check_bucket(MEGABYTE if bucket is None else bucket)
+        get_backend(backend)  # a bad backend or max_bytes fails whatever the data
+        if max_bytes is not None:
+            check_max_bytes(max_bytes)
         arr = self.check_splits(splits, chunks)
         batch, width = arr.shape
         p = width // chunks

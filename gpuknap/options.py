@@ -16,6 +16,8 @@ import numpy as np
 MEGABYTE = 2**20
 #: Largest forward or backward time accepted: sums of any real number of layers stay finite.
 MAX_TIME = 1e200
+#: Largest byte quantity accepted in an input file (a zebibyte): products with any in-flight count stay finite.
+MAX_BYTES = float(2**70)
 #: Weights are clipped here: no DP row is ever this wide, so such an option never fits.
 WEIGHT_CAP = 2**62
 
@@ -84,6 +86,10 @@ def check_number(value: Any, field: str, *, allow_inf: bool = False) -> float:
     """A real number (not NaN; finite unless ``allow_inf``), else ValueError naming ``field``."""
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise ValueError(f"{field} must be a number, got {value!r}")
+    try:
+        value = value if isinstance(value, (float, np.floating)) else float(value)
+    except OverflowError:
+        raise ValueError(f"{field} must be finite, got an integer of {int(value).bit_length()} bits") from None
     if math.isnan(value) or (not allow_inf and math.isinf(value)):
         raise ValueError(f"{field} must be finite, got {value!r}")
     return value

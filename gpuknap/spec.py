@@ -3,23 +3,29 @@
 A spec gives the model's layers as runs of a kind, each kind's options and
 static memory (or an analytic ``transformer`` section), the device, the
 pipeline and the bucket.  Quantities may carry units (``"852 MB"``,
-``"80 GiB"``, ``"1.5 ms"``); bytes and milliseconds inside.  Every error
-names the file and the field.
+``"80 GiB"``, ``"1.5 ms"``); bytes and milliseconds inside.  Every mapping
+is closed (an unknown key is an error, with the nearest known key
+suggested) and every error names the file and the field.
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 from .analytic import config_from, transformer_model
+from .documents import check_keys, read_document
 from .formats import sapp_ppb
-from .model import PipelineModel
-from .options import MEGABYTE, LayerOption
+from .model import MAX_IN_FLIGHT, MAX_LAYERS, PipelineModel
+from .options import MAX_BYTES, MAX_TIME, MEGABYTE, LayerOption
 from .units import parse_quantity
 
-TOP_LEVEL = {"name", "layers", "kinds", "transformer", "device", "pipeline", "bucket"}
+TOP_LEVEL = ("name", "layers", "kinds", "transformer", "device", "pipeline", "bucket")
+DEVICE = ("capacity", "reserved")
+PIPELINE = ("stages", "micro_batches", "interleave", "in_flight")
+LAYER_RUN = ("kind", "count")
+KIND = ("static", "options")
+OPTION = ("name", "memory", "held_once", "forward", "backward", "excess")
 
 
 @dataclass(frozen=True)
@@ -35,27 +41,6 @@ class Spec:
     name: str
 
 
-def _read(path: str) -> Any:
-    try:
-        with open(path) as fh:
-            text = fh.read()
-    except OSError as exc:
-        raise ValueError(f"{path}: cannot read ({exc.strerror})") from None
-    if path.endswith((".yaml", ".yml")):
-        try:
-            import yaml
-        except ImportError:
-            raise ValueError(f"{path}: reading YAML needs PyYAML (pip install 'gpuknap[yaml]')") from None
-        try:
-            return yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise ValueError(f"{path}: not valid YAML ({exc})") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not valid JSON ({exc})") from None
-
-
 class _Fields:
     """Field access that names the file and the field in every error."""
 
@@ -65,14 +50,21 @@ class _Fields:
     def fail(self, field: str, what: str) -> ValueError:
         return ValueError(f"{self.path}: {field}: {what}")
 
-    def mapping(self, value: Any, field: str) -> Mapping:
+    def mapping(self, value: Any, field: str, known: tuple | None = None) -> Mapping:
         if not isinstance(value, Mapping):
             raise self.fail(field, f"expected a mapping, got {type(value).__name__}")
+        if known is not None:
+            try:
+                check_keys(value, known, field)
+            except ValueError as exc:
+                raise ValueError(f"{self.path}: {exc}") from None
         return value
 
-    def integer(self, value: Any, field: str, low: int = 1) -> int:
+    def integer(self, value: Any, field: str, low: int = 1, high: int | None = None) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise self.fail(field, f"expected an integer >= {low}, got {value!r}")
+            raise self.fail(field, f"expected an integer >= {low}, got {_short(value)}")
+        if high is not None and value > high:
+            raise self.fail(field, f"expected an integer <= {high:,}, got {_short(value)}")
         return value
 
     def quantity(self, value: Any, field: str, dimension: str, *, positive: bool = False) -> float:
@@ -81,46 +73,65 @@ class _Fields:
         except ValueError as exc:
             raise ValueError(f"{self.path}: {exc}") from None
         if number < 0 or (positive and number == 0):
-            raise self.fail(field, f"expected a {'positive' if positive else 'non-negative'} {dimension} value, got {value!r}")
+            raise self.fail(field, f"expected a {'positive' if positive else 'non-negative'} {dimension} value, "
+                                   f"got {_short(value)}")
+        high = MAX_BYTES if dimension == "bytes" else MAX_TIME
+        if number > high:
+            raise self.fail(field, f"{_short(value)} is beyond any real {dimension} value (at most {high:g})")
         return number
+
+    def text(self, value: Any, field: str) -> str:
+        if not isinstance(value, str):
+            raise self.fail(field, f"expected a string, got {type(value).__name__}")
+        return value
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _option(f: _Fields, o: Any, ow: str, j: int) -> LayerOption:
+    o = f.mapping(o, ow, OPTION)
+    for req in ("memory", "forward", "backward"):
+        if req not in o:
+            raise f.fail(ow, f"missing '{req}'")
+    memory = f.quantity(o["memory"], f"{ow}.memory", "bytes")
+    held = f.quantity(o.get("held_once", 0), f"{ow}.held_once", "bytes")
+    raw = o.get("excess", [])
+    if not isinstance(raw, list):
+        raise f.fail(f"{ow}.excess", "expected a list of [in_flight, bytes] pairs")
+    excess = []
+    for e, pair in enumerate(raw):
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise f.fail(f"{ow}.excess[{e}]", "expected [in_flight, bytes]")
+        k = f.integer(pair[0], f"{ow}.excess[{e}][0]", 1, MAX_IN_FLIGHT)
+        nbytes = f.quantity(pair[1], f"{ow}.excess[{e}][1]", "bytes")
+        if k * memory + held - nbytes < 0:
+            raise f.fail(f"{ow}.excess[{e}]", f"leaves negative memory at {k} in flight "
+                                              f"({k} x memory + held_once - excess < 0)")
+        excess.append((k, nbytes))
+    name = f.text(o["name"], f"{ow}.name") if "name" in o else f"option{j}"
+    return LayerOption(name, memory, f.quantity(o["forward"], f"{ow}.forward", "ms"),
+                       f.quantity(o["backward"], f"{ow}.backward", "ms"), held, tuple(excess))
 
 
 def _kinds(f: _Fields, data: Any) -> tuple[dict, dict]:
     fronts, static = {}, {}
     for kind, spec in f.mapping(data, "kinds").items():
         where = f"kinds.{kind}"
-        spec = f.mapping(spec, where)
-        unknown = sorted(set(spec) - {"static", "options"})
-        if unknown:
-            raise f.fail(where, f"unknown field(s) {unknown}; expected 'static' and 'options'")
+        spec = f.mapping(spec, where, KIND)
         static[kind] = f.quantity(spec.get("static", 0), f"{where}.static", "bytes")
         options = spec.get("options")
         if not isinstance(options, list) or not options:
             raise f.fail(f"{where}.options", "expected a non-empty list of options")
-        opts = []
-        for j, o in enumerate(options):
-            ow = f"{where}.options[{j}]"
-            o = f.mapping(o, ow)
-            unknown = sorted(set(o) - {"name", "memory", "held_once", "forward", "backward", "excess"})
-            if unknown:
-                raise f.fail(ow, f"unknown field(s) {unknown}")
-            for req in ("memory", "forward", "backward"):
-                if req not in o:
-                    raise f.fail(ow, f"missing '{req}'")
-            excess = []
-            for e, pair in enumerate(o.get("excess", [])):
-                if not isinstance(pair, (list, tuple)) or len(pair) != 2:
-                    raise f.fail(f"{ow}.excess[{e}]", "expected [in_flight, bytes]")
-                excess.append((f.integer(pair[0], f"{ow}.excess[{e}][0]"),
-                               f.quantity(pair[1], f"{ow}.excess[{e}][1]", "bytes")))
-            opts.append(LayerOption(
-                str(o.get("name", f"option{j}")),
-                f.quantity(o["memory"], f"{ow}.memory", "bytes"),
-                f.quantity(o["forward"], f"{ow}.forward", "ms"),
-                f.quantity(o["backward"], f"{ow}.backward", "ms"),
-                f.quantity(o.get("held_once", 0), f"{ow}.held_once", "bytes"),
-                tuple(excess),
-            ))
+        opts = [_option(f, o, f"{where}.options[{j}]", j) for j, o in enumerate(options)]
+        seen: dict[str, int] = {}
+        for j, o in enumerate(opts):
+            if o.name in seen:
+                raise f.fail(f"{where}.options[{j}].name",
+                             f"{o.name!r} is also the name of options[{seen[o.name]}]; names must differ")
+            seen[o.name] = j
         fronts[kind] = opts
     return fronts, static
 
@@ -128,77 +139,106 @@ def _kinds(f: _Fields, data: Any) -> tuple[dict, dict]:
 def _layers(f: _Fields, data: Any, fronts: Mapping) -> list:
     if not isinstance(data, list) or not data:
         raise f.fail("layers", "expected a non-empty list of {kind, count}")
-    kinds = []
+    kinds: list = []
     for i, run in enumerate(data):
-        run = f.mapping(run, f"layers[{i}]")
+        run = f.mapping(run, f"layers[{i}]", LAYER_RUN)
         if "kind" not in run:
             raise f.fail(f"layers[{i}]", "missing 'kind'")
-        if not isinstance(run["kind"], (str, int)) or isinstance(run["kind"], bool) or run["kind"] not in fronts:
-            raise f.fail(f"layers[{i}].kind", f"unknown kind {run['kind']!r}; kinds are {sorted(map(str, fronts))}")
-        kinds.extend([run["kind"]] * f.integer(run.get("count", 1), f"layers[{i}].count", 0))
+        kind = run["kind"]
+        if not isinstance(kind, (str, int)) or isinstance(kind, bool) or kind not in fronts:
+            raise f.fail(f"layers[{i}].kind", f"unknown kind {_short(kind)}; kinds are {sorted(map(str, fronts))}")
+        count = f.integer(run.get("count", 1), f"layers[{i}].count", 0, MAX_LAYERS)
+        if len(kinds) + count > MAX_LAYERS:
+            raise f.fail(f"layers[{i}].count", f"the model would have more than {MAX_LAYERS:,} layers")
+        kinds.extend([kind] * count)
     if not kinds:
         raise f.fail("layers", "the model has no layers")
     return kinds
 
 
+def _override(value: Any, name: str, check) -> Any:
+    """A keyword override, validated and blamed on the keyword (not the file)."""
+    try:
+        return check(value)
+    except ValueError as exc:
+        raise ValueError(f"{name}: {str(exc).split(': ', 2)[-1]}") from None
+
+
 def load_spec(path: str | os.PathLike, *, capacity: Any = None, micro_batches: int | None = None,
               stages: int | None = None, bucket: Any = None, reserved: Any = None) -> Spec:
-    """Load a spec file or a SAPP-PPB profile; keyword arguments override the file."""
+    """Load a spec file or a SAPP-PPB profile; keyword arguments override the file.
+
+    An override that is wrong is blamed on the keyword (``stages: expected an
+    integer >= 1, got 0``), a field of the file on the file and the field.
+    """
     path = os.fspath(path)
-    data = _read(path)
+    arg = _Fields("(argument)")
+    if capacity is not None:
+        capacity = _override(capacity, "capacity", lambda v: arg.quantity(v, "capacity", "bytes", positive=True))
+    if reserved is not None:
+        reserved = _override(reserved, "reserved", lambda v: arg.quantity(v, "reserved", "bytes"))
+    if bucket is not None:
+        bucket = _override(bucket, "bucket", lambda v: arg.quantity(v, "bucket", "bytes", positive=True))
+    if micro_batches is not None:
+        micro_batches = _override(micro_batches, "micro_batches", lambda v: arg.integer(v, "micro_batches", 1, MAX_IN_FLIGHT))
+    if stages is not None:
+        stages = _override(stages, "stages", lambda v: arg.integer(v, "stages", 1, MAX_LAYERS))
+    data = read_document(path)
     f = _Fields(path)
     f.mapping(data, "(top level)")
     if "layers_description" in data:  # a SAPP-PPB profile
         if capacity is None or micro_batches is None:
             raise f.fail("(SAPP-PPB profile)", "give the device capacity and micro-batches (--capacity, --micro-batches)")
-        model = sapp_ppb.load(path, capacity, micro_batches, reserved or 0)
-        return Spec(model, stages, 1, None, MEGABYTE if bucket is None else f.quantity(bucket, "bucket", "bytes", positive=True),
-                    path, str(data.get("name", os.path.basename(path))))
-    unknown = sorted(set(data) - TOP_LEVEL)
-    if unknown:
-        raise f.fail("(top level)", f"unknown field(s) {unknown}; known: {sorted(TOP_LEVEL)}")
-    device = f.mapping(data.get("device", {}), "device")
-    pipeline = f.mapping(data.get("pipeline", {}), "pipeline")
-    cap = capacity if capacity is not None else device.get("capacity")
-    if cap is None:
-        raise f.fail("device.capacity", "missing (the device memory, e.g. '80 GiB')")
-    cap = f.quantity(cap, "device.capacity", "bytes", positive=True)
-    res = f.quantity(reserved if reserved is not None else device.get("reserved", 0), "device.reserved", "bytes")
-    m = micro_batches if micro_batches is not None else pipeline.get("micro_batches")
-    if m is None:
-        raise f.fail("pipeline.micro_batches", "missing")
-    m = f.integer(m, "pipeline.micro_batches")
+        model = sapp_ppb.model_of(data, path, capacity, micro_batches, reserved or 0.0)
+        name = data.get("name", os.path.basename(path))
+        return Spec(model, stages, 1, None, MEGABYTE if bucket is None else bucket, path,
+                    name if isinstance(name, str) else os.path.basename(path))
+    f.mapping(data, "(top level)", TOP_LEVEL)
+    name = f.text(data["name"], "name") if "name" in data else os.path.basename(path)
+    device = f.mapping(data.get("device", {}), "device", DEVICE)
+    pipeline = f.mapping(data.get("pipeline", {}), "pipeline", PIPELINE)
+    if capacity is None:
+        if "capacity" not in device:
+            raise f.fail("device.capacity", "missing (the device memory, e.g. '80 GiB')")
+        capacity = f.quantity(device["capacity"], "device.capacity", "bytes", positive=True)
+    if reserved is None:
+        reserved = f.quantity(device.get("reserved", 0), "device.reserved", "bytes")
+    if reserved >= capacity:
+        blame = "device.reserved" if "reserved" in device else "reserved"
+        raise f.fail(blame, f"{reserved:,.0f} bytes reserved leave nothing of the {capacity:,.0f}-byte capacity")
+    if micro_batches is None:
+        if "micro_batches" not in pipeline:
+            raise f.fail("pipeline.micro_batches", "missing")
+        micro_batches = f.integer(pipeline["micro_batches"], "pipeline.micro_batches", 1, MAX_IN_FLIGHT)
     if "transformer" in data:
         if "layers" in data or "kinds" in data:
             raise f.fail("transformer", "give either 'transformer' or 'layers' and 'kinds', not both")
         try:
-            config = config_from(data["transformer"])
+            model = transformer_model(config_from(data["transformer"]), capacity, micro_batches, reserved)
         except ValueError as exc:
             raise ValueError(f"{path}: {exc}") from None
-        model = transformer_model(config, cap, m, res)
     else:
         for req in ("layers", "kinds"):
             if req not in data:
                 raise f.fail(req, "missing (or give a 'transformer' section)")
         fronts, static = _kinds(f, data["kinds"])
-        try:
-            model = PipelineModel(_layers(f, data["layers"], fronts), fronts, static, cap, m, res)
-        except ValueError as exc:
-            raise ValueError(f"{path}: {exc}") from None
-    p = stages if stages is not None else pipeline.get("stages")
-    if p is not None:
-        p = f.integer(p, "pipeline.stages")
-    chunks = f.integer(pipeline.get("interleave", 1), "pipeline.interleave")
+        kinds = _layers(f, data["layers"], fronts)
+        model = PipelineModel(kinds, fronts, static, capacity, micro_batches, reserved)
+    if stages is None and "stages" in pipeline:
+        stages = f.integer(pipeline["stages"], "pipeline.stages", 1, MAX_LAYERS)
+    chunks = f.integer(pipeline.get("interleave", 1), "pipeline.interleave", 1, 64)
     in_flight = pipeline.get("in_flight")
     if in_flight is not None:
-        if p is None:
+        if stages is None:
             raise f.fail("pipeline.in_flight", "needs pipeline.stages")
+        if not isinstance(in_flight, list):
+            raise f.fail("pipeline.in_flight", "expected a list of rows [stage][chunk]")
         try:
-            in_flight = tuple(tuple(r) for r in model.in_flight_table(p, chunks, in_flight))
+            in_flight = tuple(tuple(r) for r in model.in_flight_table(stages, chunks, in_flight))
         except (TypeError, ValueError) as exc:
             raise f.fail("pipeline.in_flight", str(exc)) from None
     elif chunks > 1:
         raise f.fail("pipeline.in_flight", "required when pipeline.interleave > 1")
-    b = bucket if bucket is not None else data.get("bucket", MEGABYTE)
-    return Spec(model, p, chunks, in_flight, f.quantity(b, "bucket", "bytes", positive=True), path,
-                str(data.get("name", os.path.basename(path))))
+    if bucket is None:
+        bucket = f.quantity(data.get("bucket", MEGABYTE), "bucket", "bytes", positive=True)
+    return Spec(model, stages, chunks, in_flight, bucket, path, name)

@@ -66,16 +66,25 @@ def test_sapp_load_and_spec_agree_on_the_demo():
 
 
 @pytest.mark.parametrize("text, dim, want", [
-    ("56000MB", "bytes", 56000 * 2**20), ("80 GiB", "bytes", 80 * 2**30), ("1kB", "bytes", 1000),
-    (123, "bytes", 123), ("1.5 ms", "ms", 1.5), ("2s", "ms", 2000.0), ("250us", "ms", 0.25),
+    ("56000MB", "bytes", 56000 * 2**20), ("80 GiB", "bytes", 80 * 2**30), ("1KB", "bytes", 1024),
+    ("1 KiB", "bytes", 1024), ("2 TB", "bytes", 2 * 2**40), ("5 bytes", "bytes", 5), (123, "bytes", 123), ("1.5 ms", "ms", 1.5), ("2s", "ms", 2000.0), ("250us", "ms", 0.25),
 ])
 def test_units(text, dim, want):
     assert parse_quantity(text, dim, "f") == want
 
 
-@pytest.mark.parametrize("text", ["12 parsecs", "MB", "", None, True, "nan MB"])
+@pytest.mark.parametrize("text", ["12 parsecs", "MB", "", None, True, "nan MB", "1e400 MB", 10**400])
 def test_bad_units(text):
     with pytest.raises(ValueError, match="f"):
+        parse_quantity(text, "bytes", "f")
+
+
+@pytest.mark.parametrize("text, words", [
+    ("1kB", "ambiguous"), ("8 Mb", "bits"), ("8 Gb", "bits"), ("1 kb", "bits"), ("3 b", "bits"),
+    ("1 mb", "bits"), ("1 gib", "case matters"), ("1 MIB", "case matters"), ("1 mB", "case matters"), ("1 XB", "unknown"),
+])
+def test_one_unit_rule_refuses_bits_and_ambiguous_case(text, words):
+    with pytest.raises(ValueError, match=words):
         parse_quantity(text, "bytes", "f")
 
 

@@ -7,13 +7,13 @@ present); ``HEAD`` and ``TAIL`` entries one option without activation memory.
 """
 from __future__ import annotations
 
-import json
-import math
 import os
 from typing import Any
 
-from ..options import MEGABYTE, LayerOption
-from ..model import PipelineModel
+from ..documents import check_keys, read_document
+from ..model import MAX_LAYERS, PipelineModel
+from ..options import MAX_BYTES, MAX_TIME, MEGABYTE, LayerOption
+from ..units import parse_quantity
 
 #: (option, memory key, backward time key, coefficient key, default coefficient)
 RECOMPUTE = (
@@ -24,6 +24,8 @@ RECOMPUTE = (
     ("FULL", "memory_recompute", "recompute_time", "recompute_coef", 0.5),
 )
 TYPES = ("HEAD", "BODY", "TAIL")
+#: Largest recompute coefficient accepted.
+MAX_COEF = 1e6
 
 
 def _number(entry: dict, key: str, where: str, *, default: Any = None) -> float:
@@ -32,8 +34,14 @@ def _number(entry: dict, key: str, where: str, *, default: Any = None) -> float:
             raise ValueError(f"{where}: missing '{key}'")
         return default
     value = entry[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
         raise ValueError(f"{where}.{key} must be a number >= 0, got {value!r}")
+    if key.startswith("memory"):
+        high = MAX_BYTES / MEGABYTE
+    else:  # times, and coefficients that multiply them: their products stay finite
+        high = MAX_COEF if key.endswith("_coef") else MAX_TIME / (4 * MAX_COEF)
+    if value > high:
+        raise ValueError(f"{where}.{key} is beyond any real value (at most {high:g}), got {value!r}")
     return float(value)
 
 
@@ -57,17 +65,15 @@ def entry_options(entry: dict, where: str) -> list[LayerOption]:
     return options
 
 
-def read_profile(path: str | os.PathLike) -> tuple[list, dict, dict]:
-    """``(kinds, fronts, static)`` of a profile: every layer's kind in order,
-    each kind's options, each kind's static bytes per layer.  Kinds are entry
-    names (made unique with ``#i`` when two entries share a name)."""
-    try:
-        with open(path) as fh:
-            data = json.load(fh)
-    except OSError as exc:
-        raise ValueError(f"{path}: cannot read ({exc.strerror})") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not valid JSON ({exc})") from None
+#: Every key a layer entry may carry; the entries are closed (a misspelt memory key would drop an option).
+ENTRY_KEYS = ("name", "type", "model_name", "time", "forward_time", "nb_layer", "memory_parameter") + tuple(
+    key for row in RECOMPUTE for key in row[1:4])
+
+
+def profile_layers(data: Any, path: str) -> tuple[list, dict, dict]:
+    """``(kinds, fronts, static)`` of a parsed profile: every layer's kind in
+    order, each kind's options, each kind's static bytes per layer.  Kinds are
+    entry names (made unique with ``#i`` when two entries share a name)."""
     entries = data.get("layers_description") if isinstance(data, dict) else None
     if not isinstance(entries, list) or not entries:
         raise ValueError(f"{path}: 'layers_description' must be a non-empty list")
@@ -76,28 +82,40 @@ def read_profile(path: str | os.PathLike) -> tuple[list, dict, dict]:
         where = f"{path}: layers_description[{i}]"
         if not isinstance(entry, dict):
             raise ValueError(f"{where} must be an object")
+        check_keys(entry, ENTRY_KEYS, where)
         if entry.get("type") not in TYPES:
             raise ValueError(f"{where}.type must be one of {TYPES}, got {entry.get('type')!r}")
         count = entry.get("nb_layer", 1)
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             raise ValueError(f"{where}.nb_layer must be an integer >= 0, got {count!r}")
-        kind = str(entry.get("name", f"entry{i}"))
-        if kind in fronts:
-            kind = f"{kind}#{i}"
+        if len(kinds) + count > MAX_LAYERS:
+            raise ValueError(f"{where}.nb_layer: the model would have more than {MAX_LAYERS:,} layers")
+        name = entry.get("name", f"entry{i}")
+        if not isinstance(name, str):
+            raise ValueError(f"{where}.name must be a string, got {type(name).__name__}")
+        kind = name if name not in fronts else f"{name}#{i}"
         fronts[kind] = entry_options(entry, where)
         static[kind] = _number(entry, "memory_parameter", where, default=0.0) * MEGABYTE
         kinds.extend([kind] * count)
+    if not kinds:
+        raise ValueError(f"{path}: layers_description: the profile has no layers (every nb_layer is 0)")
     return kinds, fronts, static
 
 
-def parse_bytes(value: Any, field: str) -> float:
-    """Bytes from a number or a string with a unit (``"56000MB"``, ``"80 GiB"``)."""
-    from ..units import parse_quantity
-    return parse_quantity(value, "bytes", field)
+def read_profile(path: str | os.PathLike) -> tuple[list, dict, dict]:
+    """:func:`profile_layers` of the profile in the file at ``path``."""
+    path = os.fspath(path)
+    return profile_layers(read_document(path), path)
+
+
+def model_of(data: Any, path: str, capacity: Any, micro_batches: int, reserved: Any = 0.0) -> PipelineModel:
+    """A :class:`PipelineModel` of a parsed profile (capacity in bytes or with a unit)."""
+    kinds, fronts, static = profile_layers(data, path)
+    return PipelineModel(kinds, fronts, static, parse_quantity(capacity, "bytes", "capacity"), micro_batches,
+                         parse_quantity(reserved, "bytes", "reserved"))
 
 
 def load(path: str | os.PathLike, capacity: Any, micro_batches: int, reserved: Any = 0.0) -> PipelineModel:
     """A :class:`PipelineModel` of a SAPP-PPB profile (capacity in bytes or with a unit)."""
-    kinds, fronts, static = read_profile(path)
-    return PipelineModel(kinds, fronts, static, parse_bytes(capacity, "capacity"), micro_batches,
-                         parse_bytes(reserved, "reserved"))
+    path = os.fspath(path)
+    return model_of(read_document(path), path, capacity, micro_batches, reserved)

@@ -1,0 +1,119 @@
+"""Reading JSON and YAML input documents safely, and checking their keys.
+
+Every input file goes through :func:`read_document`: it names the file in
+every error, refuses files that are not UTF-8 text, documents nested too
+deep or with too many values (a YAML alias bomb expands into billions of
+values from a few lines), and anything over :data:`MAX_FILE_BYTES`.  Mappings
+are closed: :func:`check_keys` refuses unknown keys and suggests the nearest
+known one, because a misspelt ``reserved`` that is silently ignored is a
+wrong plan.
+"""
+from __future__ import annotations
+
+import difflib
+import json
+import os
+from typing import Any, Iterable, Mapping
+
+#: Largest input file read (bytes).
+MAX_FILE_BYTES = 64 * 2**20
+#: Most values (mappings, lists and scalars, counted every time they are reached) in one document.
+MAX_VALUES = 1_000_000
+#: Deepest nesting of mappings and lists.
+MAX_DEPTH = 64
+
+
+def suggest(key: Any, known: Iterable[str]) -> str:
+    """``" (did you mean 'x'?)"`` for the nearest known name, or ``""``."""
+    near = difflib.get_close_matches(str(key), sorted(known), n=1, cutoff=0.6)
+    return f" (did you mean {near[0]!r}?)" if near else ""
+
+
+def check_keys(mapping: Mapping, known: Iterable[str], where: str) -> None:
+    """Raise ValueError naming ``where`` for the first key not in ``known``."""
+    known = set(known)
+    for key in mapping:
+        if key not in known:
+            raise ValueError(f"{where}: unknown field {_show(key)}{suggest(key, known)}; "
+                             f"known: {', '.join(sorted(known))}")
+
+
+def _show(key: Any) -> str:
+    text = repr(key)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def check_shape(data: Any, path: str) -> None:
+    """Refuse documents nested deeper than MAX_DEPTH or with more than MAX_VALUES values."""
+    budget = MAX_VALUES
+    stack = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        budget -= 1
+        if budget < 0:
+            raise ValueError(f"{path}: the document has more than {MAX_VALUES:,} values "
+                             "(YAML aliases expanding?); refusing to read it")
+        if depth > MAX_DEPTH:
+            raise ValueError(f"{path}: the document is nested deeper than {MAX_DEPTH} levels")
+        if isinstance(value, Mapping):
+            stack.extend((v, depth + 1) for v in value.values())
+            stack.extend((k, depth + 1) for k in value.keys() if not isinstance(k, (str, int, float)))
+        elif isinstance(value, (list, tuple)):
+            stack.extend((v, depth + 1) for v in value)
+
+
+def read_text(path: str) -> str:
+    """The file's text (UTF-8), or ValueError naming the file."""
+    try:
+        size = os.path.getsize(path)
+        if os.path.isdir(path):
+            raise ValueError(f"{path}: is a directory, not a file")
+        if size > MAX_FILE_BYTES:
+            raise ValueError(f"{path}: {size:,} bytes is over the {MAX_FILE_BYTES // 2**20} MiB input limit")
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not a text file (invalid UTF-8 at byte {exc.start})") from None
+    if "\x00" in text:
+        raise ValueError(f"{path}: not a text file (it contains NUL bytes)")
+    return text
+
+
+def _yaml_load(text: str, path: str) -> Any:
+    try:
+        import yaml
+    except ImportError:
+        raise ValueError(f"{path}: reading YAML needs PyYAML (pip install 'gpuknap[yaml]')") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        where = getattr(exc, "problem_mark", None)
+        at = f" at line {where.line + 1}" if where is not None else ""
+        what = getattr(exc, "problem", None) or "syntax error"
+        raise ValueError(f"{path}: not valid YAML{at} ({what})") from None
+    except RecursionError:
+        raise ValueError(f"{path}: the document is nested too deeply") from None
+
+
+def _json_load(text: str, path: str) -> Any:
+    def no_constants(name: str) -> Any:
+        raise ValueError(f"{path}: not valid JSON ({name} is not a JSON number)")
+
+    try:
+        return json.loads(text, parse_constant=no_constants)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+    except RecursionError:
+        raise ValueError(f"{path}: the document is nested too deeply") from None
+
+
+def read_document(path: str) -> Any:
+    """A JSON or YAML document (``.yaml``/``.yml`` is YAML, anything else JSON), checked for shape."""
+    text = read_text(path)
+    data = _yaml_load(text, path) if path.endswith((".yaml", ".yml")) else _json_load(text, path)
+    check_shape(data, path)
+    return data
