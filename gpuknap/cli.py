@@ -1,31 +1,43 @@
 """The ``gpuknap`` command line: ``best``, ``rank`` and ``curve``.
 
-Exit codes: 0 success, 1 nothing feasible (said in words), 2 bad input (one
-line on stderr, no traceback).
+Exit codes: 0 success, 1 nothing feasible (said in words), 2 bad input or a
+refused job (one line on stderr naming the file or flag and the field, no
+traceback), 3 an internal error (a bug: one line, please report it).
+Every flag is checked, and every output path tried, before any work starts.
 """
 from __future__ import annotations
 
 import argparse
-import csv
 import json
+import math
+import os
 import sys
 import time
+from contextlib import ExitStack
 from importlib import resources
-from typing import Sequence
+from typing import Any, Callable, NoReturn, Sequence
 
 import numpy as np
 
 from . import __version__
-from .backend import BackendUnavailable, get_backend
+from .backend import get_backend
+from .limits import MAX_TOP, work_limit
+from .model import MAX_IN_FLIGHT, MAX_LAYERS
 from .options import FrontTable
-from .report import JSON_VERSION, format_split, plot_curve, plot_splits, split_record
+from .progress import reporting
+from .report import (JSON_VERSION, format_split, plot_curve, plot_scores, plot_splits, require_matplotlib,
+                     split_record)
 from .search import SCORES, best_splits
 from .spec import Spec, load_spec
+from .splitfiles import PLOT_SUFFIXES, check_output, read_splits, write_scores
 from .stage import least_times
+from .units import parse_quantity
 
-EXIT_OK, EXIT_INFEASIBLE, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_OK, EXIT_INFEASIBLE, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 #: Rows of a splits file scored per block (bounds memory; one progress step each).
 RANK_BLOCK = 250_000
+#: Most budgets ``curve --points`` evaluates.
+MAX_POINTS = 10_000
 
 
 class BadInput(ValueError):
@@ -38,29 +50,84 @@ def default_example() -> str:
 
 
 class Progress:
-    """A one-line progress bar on stderr, shown only on a terminal and without --quiet."""
+    """A one-line progress bar on stderr, shown only on a terminal and without --quiet.
 
-    def __init__(self, total: int, label: str, quiet: bool):
-        self.total, self.label, self.done = total, label, 0
+    Used as the callback of :func:`gpuknap.progress.reporting`: each phase
+    (segments, DP passes, bottlenecks, plans) redraws the bar, at most ten
+    times a second."""
+
+    def __init__(self, quiet: bool):
         self.on = not quiet and sys.stderr.isatty()
-        self.start = time.perf_counter()
+        self.start = self.drawn = time.perf_counter()
+        self.shown = False
 
-    def step(self, n: int = 1) -> None:
-        self.done += n
-        if self.on:
-            filled = int(30 * self.done / max(self.total, 1))
-            sys.stderr.write(f"\r{self.label} [{'#' * filled}{'.' * (30 - filled)}] {self.done}/{self.total} "
-                             f"{time.perf_counter() - self.start:.1f}s")
-            sys.stderr.flush()
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        now = time.perf_counter()
+        if not self.on or (now - self.drawn < 0.1 and done < total):
+            return
+        self.drawn, self.shown = now, True
+        filled = int(30 * done / max(total, 1))
+        sys.stderr.write(f"\r{stage:>12} [{'#' * filled}{'.' * (30 - filled)}] {100 * done / max(total, 1):5.1f}% "
+                         f"{now - self.start:6.1f}s")
+        sys.stderr.flush()
 
     def close(self) -> None:
-        if self.on:
+        if self.shown:
             sys.stderr.write("\n")
 
+
+# ---- flag types: each refusal names the flag -----------------------------------------------
+
+def _integer(flag: str, low: int, high: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text[:40]!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"expected an integer from {low} to {high:,}, got {text}")
+        return value
+    return parse
+
+
+def _bytes(flag: str) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = parse_quantity(text, "bytes", flag)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc).split(": ", 1)[-1]) from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"expected a positive size, e.g. '80 GiB', got {text!r}")
+        return value
+    return parse
+
+
+def _cells(text: str) -> int:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of DP cells (e.g. 5e10), got {text[:40]!r}") from None
+    if not 1 <= value < math.inf:
+        raise argparse.ArgumentTypeError(f"expected a positive number of DP cells, got {text!r}")
+    return int(value)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (exit 2), as every other refusal."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_BAD_INPUT, f"gpuknap: error: {message}\n")
+
+
+# ---- commands -------------------------------------------------------------------------------
 
 def _spec(args: argparse.Namespace, path: str | None) -> Spec:
     return load_spec(path or default_example(), capacity=args.capacity, micro_batches=args.micro_batches,
                      stages=getattr(args, "stages", None), bucket=args.bucket)
+
+
+def _max_bytes(args: argparse.Namespace) -> int | None:
+    return None if args.max_memory is None else int(args.max_memory)
 
 
 def _emit(args: argparse.Namespace, payload: dict, text: str) -> None:
@@ -77,80 +144,68 @@ def _header(command: str, spec: Spec, backend: str) -> dict:
             "bucket_bytes": spec.bucket, "backend": backend}
 
 
+def _stages(args: argparse.Namespace, spec: Spec) -> int:
+    if spec.stages is None:
+        raise BadInput("--stages: the number of stages is missing (give --stages or pipeline.stages in the spec)")
+    if spec.stages > spec.model.layers:
+        where = "--stages" if args.stages is not None else f"{spec.source}: pipeline.stages"
+        raise BadInput(f"{where}: {spec.stages} stages for a model of {spec.model.layers} layers; "
+                       "every stage needs at least one layer")
+    return spec.stages
+
+
 def cmd_best(args: argparse.Namespace) -> int:
     spec = _spec(args, args.spec)
-    if spec.stages is None:
-        raise BadInput("the number of stages is missing: give --stages or pipeline.stages in the spec")
+    stages = _stages(args, spec)
     if spec.chunks > 1:
-        raise BadInput("best searches plain 1F1B pipelines; use 'rank' for interleaved (interleave > 1) splits")
+        raise BadInput(f"{spec.source}: pipeline.interleave: best searches plain 1F1B pipelines; "
+                       "use 'rank' for interleaved splits")
     backend = get_backend(args.backend)
-    bar = Progress(1, "searching", args.quiet)
-    found = best_splits(spec.model, spec.stages, args.top, args.score, spec.bucket, backend, spec.in_flight)
-    bar.step()
-    bar.close()
+    found = best_splits(spec.model, stages, args.top, args.score, spec.bucket, backend, spec.in_flight,
+                        _max_bytes(args))
     records = [split_record(spec.model, c, ch, args.score, v, spec.in_flight) for c, v, ch in found]
-    payload = {**_header("best", spec, backend.name), "stages": spec.stages, "score": args.score,
+    payload = {**_header("best", spec, backend.name), "stages": stages, "score": args.score,
                "top": args.top, "results": records}
     if not found:
-        _emit(args, payload, f"no feasible split of {spec.name} into {spec.stages} stages fits the device memory")
+        _emit(args, payload, f"no feasible split of {spec.name} into {stages} stages fits the device memory")
         return EXIT_INFEASIBLE
-    text = "\n\n".join(format_split(r, f"#{i + 1} of {spec.name}, {spec.stages} stages") for i, r in enumerate(records))
+    text = "\n\n".join(format_split(r, f"#{i + 1} of {spec.name}, {stages} stages") for i, r in enumerate(records))
     if args.plot:
         plot_splits(records, args.plot)
     _emit(args, payload, text)
     return EXIT_OK
 
 
-def read_splits(path: str) -> np.ndarray:
-    """Layer counts per row from a CSV (commas or whitespace; '#' comments) or a .npy file."""
-    try:
-        if path.endswith(".npy"):
-            arr = np.load(path, allow_pickle=False)
-        else:
-            rows = []
-            with open(path, newline="") as fh:
-                for n, line in enumerate(fh, 1):
-                    line = line.split("#", 1)[0].strip()
-                    if not line:
-                        continue
-                    try:
-                        rows.append([int(x) for x in line.replace(",", " ").split()])
-                    except ValueError:
-                        raise BadInput(f"{path}: line {n}: expected integer layer counts, got {line!r}") from None
-            if not rows:
-                raise BadInput(f"{path}: no splits in the file")
-            if len({len(r) for r in rows}) > 1:
-                raise BadInput(f"{path}: every row must have the same number of stages")
-            arr = np.array(rows, dtype=np.int64)
-    except OSError as exc:
-        raise BadInput(f"{path}: cannot read ({exc.strerror or exc})") from None
-    if arr.ndim == 1:
-        arr = arr[None, :]
-    return arr
-
-
 def cmd_rank(args: argparse.Namespace) -> int:
     spec = _spec(args, args.spec)
-    splits = read_splits(args.splits)
-    spec.model.check_splits(splits, spec.chunks)
+    sf = read_splits(args.splits)
+    splits = sf.counts
+    width = splits.shape[1]
+    if spec.stages is not None and width != spec.stages * spec.chunks:
+        need = f"{spec.stages} stages" + (f" x {spec.chunks} chunks" if spec.chunks > 1 else "")
+        raise BadInput(f"{sf.where(0)} has {width} counts; the spec's pipeline needs {spec.stages * spec.chunks} "
+                       f"({need})")
+    if width % spec.chunks:
+        raise BadInput(f"{sf.where(0)} has {width} counts, not a multiple of pipeline.interleave={spec.chunks}")
+    spec.model.check_splits(splits, spec.chunks, sf.where)
     backend = get_backend(args.backend)
-    blocks = range(0, len(splits), RANK_BLOCK)
-    bar = Progress(len(blocks), "ranking", args.quiet)
     slowest = np.empty(len(splits))
     best_i, best_choice = -1, None
-    for lo in blocks:
-        r = spec.model.rank(splits[lo:lo + RANK_BLOCK], spec.bucket, backend, spec.in_flight, spec.chunks)
+    for lo in range(0, len(splits), RANK_BLOCK):
+        r = spec.model.rank(splits[lo:lo + RANK_BLOCK], spec.bucket, backend, spec.in_flight, spec.chunks,
+                            _max_bytes(args))
         slowest[lo:lo + RANK_BLOCK] = r.slowest
         j = int(r.order[0])
         if np.isfinite(r.slowest[j]) and (best_i < 0 or r.slowest[j] < slowest[best_i]):
             best_i, best_choice = lo + j, r.choice(j)
-        bar.step()
-    bar.close()
     if args.out:
         write_scores(args.out, splits, slowest)
     feasible = int(np.isfinite(slowest).sum())
     payload = {**_header("rank", spec, backend.name), "rows": len(splits), "feasible": feasible,
                "out": args.out, "best": None}
+    if args.plot:
+        plot_scores(slowest, args.plot, f"{len(splits):,} splits of {spec.name}",
+                    None if best_i < 0 else float(slowest[best_i]))
     if best_i < 0:
         _emit(args, payload, f"none of the {len(splits)} splits is feasible")
         return EXIT_INFEASIBLE
@@ -158,52 +213,49 @@ def cmd_rank(args: argparse.Namespace) -> int:
                           spec.in_flight, spec.chunks)
     payload["best"] = {"row": best_i, **record}
     text = (f"{len(splits)} splits scored, {feasible} feasible" + (f"; scores written to {args.out}" if args.out else "")
-            + "\n\n" + format_split(record, f"best: row {best_i}"))
+            + "\n\n" + format_split(record, f"best: row {best_i}" + (f" ({sf.label(best_i)})" if sf.lines else "")))
     _emit(args, payload, text)
     return EXIT_OK
 
 
-def write_scores(path: str, splits: np.ndarray, slowest: np.ndarray) -> None:
-    """All scores: ``.npy`` (float64, inf where infeasible) or CSV (row, slowest, counts)."""
+def _counts(text: str) -> list[int]:
     try:
-        if path.endswith(".npy"):
-            np.save(path, slowest)
-            return
-        with open(path, "w", newline="") as fh:
-            w = csv.writer(fh)
-            w.writerow(["row", "slowest", "counts"])
-            for i, (s, row) in enumerate(zip(slowest.tolist(), splits.tolist())):
-                w.writerow([i, "inf" if s == float("inf") else repr(s), " ".join(map(str, row))])
-    except OSError as exc:
-        raise BadInput(f"{path}: cannot write ({exc.strerror or exc})") from None
+        counts = [int(x) for x in text.replace(",", " ").split()]
+    except ValueError:
+        raise BadInput(f"--counts: expected comma-separated integers, got {text[:40]!r}") from None
+    if not counts:
+        raise BadInput("--counts: no counts given")
+    return counts
 
 
 def cmd_curve(args: argparse.Namespace) -> int:
     spec = _spec(args, args.spec)
     backend = get_backend(args.backend)
     if args.counts:
+        counts = _counts(args.counts)
         try:
-            counts = [int(x) for x in args.counts.replace(",", " ").split()]
-        except ValueError:
-            raise BadInput(f"--counts: expected comma-separated integers, got {args.counts!r}") from None
+            spec.model.check_counts(counts, spec.chunks)
+        except ValueError as exc:
+            raise BadInput(f"--counts: {exc}") from None
     else:
-        if spec.stages is None:
-            raise BadInput("give --counts, or --stages to take the best split's stage")
-        found = best_splits(spec.model, spec.stages, 1, "slowest", spec.bucket, backend, spec.in_flight)
+        stages = _stages(args, spec)
+        found = best_splits(spec.model, stages, 1, "slowest", spec.bucket, backend, spec.in_flight, _max_bytes(args))
         if not found:
-            print(f"no feasible split of {spec.name} into {spec.stages} stages", file=sys.stderr)
+            print(f"no feasible split of {spec.name} into {stages} stages", file=sys.stderr)
             return EXIT_INFEASIBLE
         counts = list(found[0][0])
-    stages = spec.model.stages(counts, spec.in_flight, spec.chunks)
-    if not 0 <= args.stage < len(stages):
-        raise BadInput(f"--stage must be in 0..{len(stages) - 1}, got {args.stage}")
-    stage = stages[args.stage]
+    p = len(counts) // spec.chunks
+    if spec.stages is not None and args.counts and p != spec.stages and spec.in_flight is not None:
+        raise BadInput(f"--counts: {p} stages, but the spec's in-flight table is for {spec.stages}")
+    if not args.stage < p:
+        raise BadInput(f"--stage: must be in 0..{p - 1} for a split of {p} stages, got {args.stage}")
+    stage = spec.model.stages(counts, spec.in_flight, spec.chunks)[args.stage]
     table = FrontTable(spec.model.fronts, spec.bucket)
     useful = [(g.count, table.get(g.kind, g.in_flight)) for g in stage.groups]
     lightest = sum(n * float(f.memories[0]) for n, f in useful)
     fastest = sum(n * float(f.memories[-1]) for n, f in useful)
     within = least_times(stage.groups, spec.model.fronts, max(stage.budget, fastest), spec.bucket)
-    budgets = sorted(set(np.linspace(lightest, fastest, max(args.points, 2)).tolist()) | {max(stage.budget, 0.0)})
+    budgets = sorted(set(np.linspace(lightest, fastest, args.points).tolist()) | {max(stage.budget, 0.0)})
     points = []
     for b in budgets:
         t = within(float(b))
@@ -224,54 +276,105 @@ def cmd_curve(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     common.add_argument("--backend", default="auto", choices=["auto", "numpy", "cupy"],
                         help="array backend (default auto: CuPy when a GPU is present; env GPUKNAP_BACKEND)")
-    common.add_argument("--bucket", help="memory bucket, e.g. '1 MiB' (default: the spec's, else 1 MiB)")
-    common.add_argument("--capacity", help="device memory, e.g. '80 GiB' (overrides the spec; needed for SAPP-PPB)")
-    common.add_argument("--micro-batches", type=int, help="micro-batches per iteration (overrides the spec)")
+    common.add_argument("--bucket", type=_bytes("--bucket"),
+                        help="memory bucket, e.g. '1 MiB' (default: the spec's, else 1 MiB)")
+    common.add_argument("--capacity", type=_bytes("--capacity"),
+                        help="device memory, e.g. '80 GiB' (overrides the spec; needed for SAPP-PPB)")
+    common.add_argument("--micro-batches", type=_integer("--micro-batches", 1, MAX_IN_FLIGHT),
+                        help="micro-batches per iteration (overrides the spec)")
+    common.add_argument("--max-memory", type=_bytes("--max-memory"), metavar="SIZE",
+                        help="working memory the DP may use, e.g. '8 GiB' (default: a quarter of free RAM, "
+                             "at most 2 GiB; half the free GPU memory)")
+    common.add_argument("--max-work", type=_cells, metavar="CELLS",
+                        help="refuse jobs estimated above this many DP cells (default 2e10)")
     common.add_argument("--json", action="store_true", help="print the stable JSON (docs/json.md) instead of tables")
-    common.add_argument("--plot", metavar="FILE", help="save a plot (needs matplotlib)")
+    common.add_argument("--plot", metavar="FILE", help="save a plot (.png, .pdf or .svg; needs matplotlib)")
     common.add_argument("--quiet", action="store_true", help="no progress bar")
-    p = argparse.ArgumentParser(prog="gpuknap", description="Exact recompute-option knapsacks for pipeline splits.")
+    p = _Parser(prog="gpuknap", description="Exact recompute-option knapsacks for pipeline splits.")
     p.add_argument("--version", action="version", version=f"gpuknap {__version__}")
-    sub = p.add_subparsers(dest="command", required=True)
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     b = sub.add_parser("best", parents=[common], help="the best splits of a model")
     b.add_argument("spec", nargs="?", help="spec (YAML/JSON) or SAPP-PPB profile; default: a shipped example")
-    b.add_argument("--stages", type=int, help="pipeline stages (overrides the spec)")
-    b.add_argument("--top", type=int, default=1, help="how many splits (default 1)")
+    b.add_argument("--stages", type=_integer("--stages", 1, MAX_LAYERS), help="pipeline stages (overrides the spec)")
+    b.add_argument("--top", type=_integer("--top", 1, MAX_TOP), default=1, help=f"how many splits (default 1, at most {MAX_TOP})")
     b.add_argument("--score", choices=SCORES, default="slowest", help="slowest stage or 1F1B iteration time")
     b.set_defaults(func=cmd_best)
     r = sub.add_parser("rank", parents=[common], help="score every split in a file")
     r.add_argument("spec")
     r.add_argument("--splits", required=True, help="CSV or .npy of layer counts, one split per row")
-    r.add_argument("--out", help="write every score (.npy or CSV)")
+    r.add_argument("--out", help="write every score (.npy, else CSV)")
     r.set_defaults(func=cmd_rank)
     c = sub.add_parser("curve", parents=[common], help="a stage's least time against its memory budget")
     c.add_argument("spec")
-    c.add_argument("--stage", type=int, required=True, help="stage index")
+    c.add_argument("--stage", type=_integer("--stage", 0, MAX_LAYERS), required=True, help="stage index")
     c.add_argument("--counts", help="the split, e.g. '4,5,6,...' (default: the best split)")
-    c.add_argument("--stages", type=int, help="stages of the best split (with no --counts)")
-    c.add_argument("--points", type=int, default=21, help="budgets to evaluate (default 21)")
+    c.add_argument("--stages", type=_integer("--stages", 1, MAX_LAYERS), help="stages of the best split (with no --counts)")
+    c.add_argument("--points", type=_integer("--points", 2, MAX_POINTS), default=21,
+                   help=f"budgets to evaluate (default 21, 2 to {MAX_POINTS:,})")
     c.set_defaults(func=cmd_curve)
     return p
 
 
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Try every output path (and matplotlib) before any work, so no result is lost at the end."""
+    if args.plot is not None:
+        check_output(args.plot, "--plot", PLOT_SUFFIXES)
+        require_matplotlib()
+    if getattr(args, "out", None) is not None:
+        check_output(args.out, "--out")
+
+
+def _run(args: argparse.Namespace) -> int:
+    _check_outputs(args)
+    bar = Progress(args.quiet)
+    with ExitStack() as stack:
+        stack.enter_context(reporting(bar))
+        if args.max_work is not None:
+            stack.enter_context(work_limit(args.max_work))
+        try:
+            return args.func(args)
+        finally:
+            bar.close()
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or exc.__class__.__name__
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    if getattr(args, "top", 1) < 1:
-        parser.exit(EXIT_BAD_INPUT, "gpuknap: error: --top must be >= 1\n")
     try:
-        return args.func(args)
-    except (ValueError, BackendUnavailable) as exc:
-        print(f"gpuknap: error: {exc}", file=sys.stderr)
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version, or a one-line usage error
+        return int(exc.code or 0)
+    try:
+        rc = _run(args)
+        sys.stdout.flush()
+        return rc
+    except BrokenPipeError:  # the reader went away (gpuknap best | head -1): stop quietly, as Unix tools do
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except OSError:
+            pass
+        return EXIT_OK
+    except ValueError as exc:  # every refusal of input, BackendUnavailable and WorkTooLarge included
+        print(f"gpuknap: error: {_one_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except OSError as exc:  # e.g. a --plot or --out path that cannot be written
-        print(f"gpuknap: error: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
+    except OSError as exc:  # e.g. a --plot path that became unwritable
+        print(f"gpuknap: error: {exc.filename or ''}: {exc.strerror or _one_line(exc)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except MemoryError:
+        print("gpuknap: error: out of memory; lower --max-memory or use a coarser --bucket", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # a bug: still one line, never a traceback
+        print(f"gpuknap: internal error (please report): {exc.__class__.__name__}: {_one_line(exc)}",
+              file=sys.stderr)
+        return EXIT_INTERNAL
 
 
 if __name__ == "__main__":

@@ -62,16 +62,16 @@ def check_shape(data: Any, path: str) -> None:
             stack.extend((v, depth + 1) for v in value)
 
 
-def read_text(path: str) -> str:
-    """The file's text (UTF-8), or ValueError naming the file."""
+def read_text(path: str, limit: int = MAX_FILE_BYTES) -> str:
+    """The file's text (UTF-8, at most ``limit`` bytes), or ValueError naming the file."""
     try:
-        size = os.path.getsize(path)
         if os.path.isdir(path):
             raise ValueError(f"{path}: is a directory, not a file")
-        if size > MAX_FILE_BYTES:
-            raise ValueError(f"{path}: {size:,} bytes is over the {MAX_FILE_BYTES // 2**20} MiB input limit")
+        size = os.path.getsize(path)
+        if size > limit:
+            raise ValueError(f"{path}: {size:,} bytes is over the {limit // 2**20} MiB limit for this input")
         with open(path, "rb") as fh:
-            raw = fh.read(MAX_FILE_BYTES + 1)
+            raw = fh.read(limit + 1)
     except OSError as exc:
         raise ValueError(f"{path}: cannot read ({exc.strerror or exc})") from None
     try:

@@ -185,8 +185,11 @@ class PipelineModel:
                     names.append(queues[(s, kind, table[s][c])].pop(0))
         return names
 
-    def check_splits(self, splits: Any, chunks: int = 1) -> np.ndarray:
-        """Validate an integer array ``[B, P * chunks]`` of layer counts (row numbers in errors)."""
+    def check_splits(self, splits: Any, chunks: int = 1, where: Any = None) -> np.ndarray:
+        """Validate an integer array ``[B, P * chunks]`` of layer counts.
+
+        Errors name a row as ``where(row)`` (default ``"splits row i"``)."""
+        where = where or (lambda row: f"splits row {row}")
         check_int(chunks, "chunks", 1)
         try:
             arr = np.asarray(splits)
@@ -205,13 +208,13 @@ class PipelineModel:
         bad = np.flatnonzero(arr.min(axis=1, initial=1) < 1) if arr.size else np.empty(0, np.int64)
         if len(bad):
             row = int(bad[0])
-            raise ValueError(f"splits row {row} has a count < 1: {arr[row].tolist()}")
+            raise ValueError(f"{where(row)} has a count < 1: {arr[row].tolist()}")
         arr = np.minimum(arr, self.layers + 1)  # no int64 overflow in the sums below
         sums = arr.sum(axis=1)
         bad = np.flatnonzero(sums != self.layers)
         if len(bad):
             row = int(bad[0])
-            raise ValueError(f"splits row {row} sums to {int(sums[row])}, the model has {self.layers} layers")
+            raise ValueError(f"{where(row)} sums to {int(sums[row])}, the model has {self.layers} layers")
         return arr
 
     def rank(self, splits: Any, bucket: float | None = None, backend: Any = "auto",

@@ -91,6 +91,11 @@ def _pyplot():
     return plt
 
 
+def require_matplotlib() -> None:
+    """Raise ValueError now (before any work) if plots cannot be made."""
+    _pyplot()
+
+
 def plot_splits(records: Sequence[dict], path: str) -> None:
     """Per-stage time, and memory against budget, for each of the best splits."""
     plt = _pyplot()
@@ -123,6 +128,25 @@ def plot_curve(points: Sequence[dict], path: str, title: str, budget: float | No
     ax.set_xlabel("memory budget (MiB)")
     ax.set_ylabel("least time")
     ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def plot_scores(slowest: np.ndarray, path: str, title: str, best: float | None = None) -> None:
+    """The distribution of the feasible splits' slowest-stage times, the best marked."""
+    plt = _pyplot()
+    finite = slowest[np.isfinite(slowest)]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    if len(finite):
+        ax.hist(finite, bins=min(50, max(1, len(np.unique(finite)))), color="tab:blue")
+    if best is not None:
+        ax.axvline(best, color="k", linestyle=":", label=f"best {best:.6g}")
+        ax.legend()
+    ax.set_xlabel("slowest stage time (profile time units)")
+    ax.set_ylabel("splits")
+    infeasible = len(slowest) - len(finite)
+    ax.set_title(f"{title}: {len(finite):,} feasible splits" + (f", {infeasible:,} infeasible" if infeasible else ""))
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

@@ -35,11 +35,15 @@ from typing import Any
 
 import numpy as np
 
+from .backend import get_backend
+from .engine import check_max_bytes
+from .limits import MAX_TOP
 from .model import PipelineModel
-from .options import MEGABYTE, FrontTable, check_int
+from .options import MEGABYTE, FrontTable, check_bucket, check_int
 from .problem import INFEASIBLE, canonical, verdict
 from .results import PipelineChoice
 from .segments import SegmentGroups, segment_times
+from .progress import report
 from .stage import pp_lite
 
 SCORES = ("slowest", "1f1b")
@@ -132,6 +136,7 @@ def segment_table(model: PipelineModel, stages: int, bucket: float, backend: Any
     seg_s, seg_a, seg_b = [], [], []
     feasible: dict[tuple, bool] = {}
     for s in range(stages):
+        report("segments", s, stages)
         k = inflight[s]
         for start in range(s, n - (stages - s) + 1):
             last = min(start + int(spans[s, start]), n - (stages - 1 - s))
@@ -303,7 +308,9 @@ def _top_1f1b(T: SegmentTable, top: int, micro_batches: int) -> list[tuple]:
         elif item > heap[0]:
             heapq.heapreplace(heap, item)
 
-    for tau in T.values().tolist():
+    taus = T.values().tolist()
+    for i, tau in enumerate(taus):
+        report("bottlenecks", i, len(taus))
         tau_x = m1 * X.value(tau)
         if len(heap) >= top and tau_x + least_sum > -heap[0][0]:
             break  # every later bottleneck scores more than the k-th best
@@ -351,8 +358,15 @@ def best_splits(model: PipelineModel, stages: int, top: int = 1, score: str = "s
     stages, top = check_int(stages, "stages", 1), check_int(top, "top", 1)
     if stages > model.layers:
         raise ValueError(f"stages={stages} exceeds the model's {model.layers} layers")
-    if score not in SCORES:
+    if top > MAX_TOP:
+        raise ValueError(f"top={top} is over the limit of {MAX_TOP} splits per search")
+    if not isinstance(score, str) or score not in SCORES:
         raise ValueError(f"score must be one of {SCORES}, got {score!r}")
+    check_bucket(bucket)
+    get_backend(backend)
+    if max_bytes is not None:
+        check_max_bytes(max_bytes)
+    model.in_flight_table(int(stages), 1, in_flight)
     T = segment_table(model, int(stages), bucket, backend, in_flight, max_bytes)
     depth = sys.getrecursionlimit()
     sys.setrecursionlimit(max(depth, int(stages) + 200))  # the walks recurse once per stage
@@ -364,7 +378,8 @@ def best_splits(model: PipelineModel, stages: int, top: int = 1, score: str = "s
     finally:
         sys.setrecursionlimit(depth)
     out = []
-    for counts, value in found:
+    for i, (counts, value) in enumerate(found):
         choice = pp_lite(model.stages(list(counts), in_flight), model.fronts, bucket)
         out.append((tuple(int(c) for c in counts), float(value), choice))
+        report("plans", i + 1, len(found))
     return out

@@ -11,6 +11,7 @@ from typing import Any, Callable, Hashable, Mapping, Sequence
 
 import numpy as np
 
+from .limits import check_work
 from .options import MEGABYTE, Front, FrontTable, Layers, buckets_down, check_number
 from .passes import Segment, pass_level
 from .problem import FASTEST, INFEASIBLE, canonical, check_groups, sequential_time, verdict, zeros_row
@@ -26,7 +27,10 @@ def _segment(front: Front) -> list[Segment]:
     return [Segment(0, 1, front.weights, front.times)]
 
 
-def _guard(cells: int, bucket: float, what: str) -> None:
+def _guard(cells: int, bucket: float, what: str, steps: int = 1) -> None:
+    """Refuse a DP table over SINGLE_STAGE_LIMIT bytes, or ``steps`` passes over
+    ``cells`` cells beyond the work limit, before allocating anything."""
+    check_work(steps * cells, bucket, what)
     if cells * 8 > SINGLE_STAGE_LIMIT:
         factor = math.ceil(cells * 8 / SINGLE_STAGE_LIMIT)
         raise ValueError(
@@ -110,7 +114,7 @@ def least_times(groups: Sequence[Layers], fronts: Fronts, budget: float, bucket:
     curve = np.full(1, np.inf)
     if budget >= 0:
         width = buckets_down(budget, table.bucket, cap=buckets_down(fastest_bytes, table.bucket)) + 1
-        _guard(2 * width, table.bucket, "least_times")
+        _guard(2 * width, table.bucket, "least_times", sum(n for _, n in problem.runs))
         row = zeros_row(width)
         for (key, n) in problem.runs:
             f = table.get(*key)
@@ -155,7 +159,7 @@ def suffix_times(layers: Sequence[Layers], fronts: Fronts, budgets: Sequence[flo
     out = [math.inf] * len(budgets)
     if width <= 0:
         return out
-    _guard(2 * width, table.bucket, "suffix_times")
+    _guard(2 * width, table.bucket, "suffix_times", len(layers))
     row = zeros_row(width)
     if caps[-1] >= 0:
         out[-1] = 0.0

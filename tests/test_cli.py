@@ -115,7 +115,7 @@ def test_rank_bad_row_exits_2_with_row_number(tmp_path):
     path = tmp_path / "s.csv"
     path.write_text("4,5,6,6,6,6,6,6,6,6,7,7,7,7,7,6\n1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1\n")
     p = run("rank", DEMO, "--splits", str(path), check_rc=2)
-    assert "row 1" in p.stderr
+    assert f"{path}: line 2 " in p.stderr  # the file's own line number, 1-based
 
 
 def test_plot_writes_png(tmp_path):
