@@ -289,7 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="working memory the DP may use, e.g. '8 GiB' (default: a quarter of free RAM, "
                              "at most 2 GiB; half the free GPU memory)")
     common.add_argument("--max-work", type=_cells, metavar="CELLS",
-                        help="refuse jobs estimated above this many DP cells (default 2e10)")
+                        help="refuse jobs estimated above this many DP cells (default 1e10, about a minute of NumPy)")
     common.add_argument("--json", action="store_true", help="print the stable JSON (docs/json.md) instead of tables")
     common.add_argument("--plot", metavar="FILE", help="save a plot (.png, .pdf or .svg; needs matplotlib)")
     common.add_argument("--quiet", action="store_true", help="no progress bar")

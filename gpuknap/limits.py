@@ -16,8 +16,8 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Iterator
 
-#: Default limit on DP cells per call (about 3 minutes of NumPy passes on a 2-core machine, 4 options).
-DEFAULT_MAX_CELLS = 20_000_000_000
+#: Default limit on DP cells per call (about a minute of NumPy passes on a 2-core machine, 4 options).
+DEFAULT_MAX_CELLS = 10_000_000_000
 #: Most splits ``best_splits`` returns in one call.
 MAX_TOP = 1000
 
@@ -53,10 +53,11 @@ def check_work(cells: int, bucket: float, what: str = "this batch") -> None:
     factor = math.ceil(cells / limit)
     raise WorkTooLarge(
         f"{what} needs {cells:.3g} DP cells, over the work limit of {limit:.3g}; use a bucket of at least "
-        f"{_bytes(bucket * factor)} (--bucket), or raise the limit (--max-work, gpuknap.work_limit)")
+        f"{format_bytes(bucket * factor)} (--bucket), or raise the limit (--max-work, gpuknap.work_limit)")
 
 
-def _bytes(n: float) -> str:
+def format_bytes(n: float) -> str:
+    """A size rounded up to one decimal of the largest binary unit it reaches."""
     for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= size:
             return f"{math.ceil(n / size * 10) / 10:g} {unit}"

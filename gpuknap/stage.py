@@ -11,7 +11,7 @@ from typing import Any, Callable, Hashable, Mapping, Sequence
 
 import numpy as np
 
-from .limits import check_work
+from .limits import check_work, format_bytes
 from .options import MEGABYTE, Front, FrontTable, Layers, buckets_down, check_number
 from .passes import Segment, pass_level
 from .problem import FASTEST, INFEASIBLE, canonical, check_groups, sequential_time, verdict, zeros_row
@@ -27,16 +27,14 @@ def _segment(front: Front) -> list[Segment]:
     return [Segment(0, 1, front.weights, front.times)]
 
 
-def _guard(cells: int, bucket: float, what: str, steps: int = 1) -> None:
-    """Refuse a DP table over SINGLE_STAGE_LIMIT bytes, or ``steps`` passes over
-    ``cells`` cells beyond the work limit, before allocating anything."""
-    check_work(steps * cells, bucket, what)
-    if cells * 8 > SINGLE_STAGE_LIMIT:
-        factor = math.ceil(cells * 8 / SINGLE_STAGE_LIMIT)
-        raise ValueError(
-            f"{what} needs a DP table of {cells * 8 / 2**30:.1f} GiB; "
-            f"use a bucket of at least {bucket * factor:.0f} bytes"
-        )
+def _guard(nbytes: int, cells: int, bucket: float, what: str) -> None:
+    """Refuse, before allocating anything, a solve whose arrays need over
+    SINGLE_STAGE_LIMIT bytes or whose passes cover more DP cells than the work limit."""
+    check_work(cells, bucket, what)
+    if nbytes > SINGLE_STAGE_LIMIT:
+        factor = math.ceil(nbytes / SINGLE_STAGE_LIMIT)
+        raise ValueError(f"{what} needs {nbytes / 2**30:.1f} GiB of DP tables (over "
+                         f"{SINGLE_STAGE_LIMIT / 2**30:g} GiB); use a bucket of at least {format_bytes(bucket * factor)}")
 
 
 def _assemble(groups: Sequence[Layers], fronts: list[Front], option_counts: list[list[int]], time: float) -> StageChoice:
@@ -51,6 +49,20 @@ def _assemble(groups: Sequence[Layers], fronts: list[Front], option_counts: list
     return StageChoice(tuple(assignments), memory, time)
 
 
+def _first_hits(before: np.ndarray, after: np.ndarray, front: Front, out: np.ndarray) -> None:
+    """``out[c]``: the first option j with ``before[c - w_j] + t_j == after[c]`` (-1 if none).
+
+    The same additions as the pass, so equality is exact; the first (lightest)
+    matching option is the one a backward search over the kept rows would take."""
+    width = len(after)
+    out.fill(-1)
+    for j, (w, t) in enumerate(zip(front.weights.tolist(), front.times.tolist())):
+        if w >= width:
+            continue
+        hit = (before[: width - w] + t == after[w:]) & (out[w:] < 0)
+        out[w:][hit] = j
+
+
 def _choose(table: FrontTable, groups: tuple, budget: float) -> StageChoice | None:
     """``choose`` on validated groups with a shared front table."""
     problem = canonical(groups, budget)
@@ -63,26 +75,30 @@ def _choose(table: FrontTable, groups: tuple, budget: float) -> StageChoice | No
         return _assemble(groups, fronts, counts, how.time)
     capacity = how.capacity
     steps = [(gi, f) for gi, (g, f) in enumerate(zip(groups, fronts)) for _ in range(g.count)]
-    _guard((len(steps) + 1) * (capacity + 1), table.bucket, "this stage")
-    history = [zeros_row(capacity + 1)]
-    for _, f in steps:
-        history.append(pass_level(np, history[-1], None, capacity + 1, _segment(f)))
-    last = history[-1][0]
+    width = capacity + 1
+    itemsize = 1 if max(len(f.options) for f in fronts) < 127 else 2
+    _guard(len(steps) * width * itemsize + 3 * 8 * width, len(steps) * width, table.bucket, "this stage")
+    # Forward passes keep one row of times and, per layer, the option each cell took:
+    # the first option (lightest first) whose addition gives the cell's minimum.
+    picks = np.empty((len(steps), width), dtype=np.int8 if itemsize == 1 else np.int16)
+    row = zeros_row(width)
+    for layer, (_, f) in enumerate(steps):
+        new = pass_level(np, row, None, width, _segment(f))
+        _first_hits(row[0], new[0], f, picks[layer])
+        row = new
+    last = row[0]
     best = last[capacity]
     if math.isinf(best):
         return None
-    c = int(np.argmax(last[: capacity + 1] == best))  # least weight among least time
+    c = int(np.argmax(last == best))  # least weight among least time
     option_counts = [[0] * len(f.options) for f in fronts]
-    for layer in range(len(steps), 0, -1):
-        gi, f = steps[layer - 1]
-        here, before = history[layer][0], history[layer - 1][0]
-        for j, (w, t) in enumerate(zip(f.weights.tolist(), f.times.tolist())):
-            if w <= c and before[c - w] + t == here[c]:
-                option_counts[gi][j] += 1
-                c -= w
-                break
-        else:  # pragma: no cover - the DP always has a predecessor
+    for layer in range(len(steps) - 1, -1, -1):
+        gi, f = steps[layer]
+        j = int(picks[layer, c])
+        if j < 0:  # pragma: no cover - the DP always has a predecessor
             raise AssertionError("DP traceback found no predecessor")
+        option_counts[gi][j] += 1
+        c -= int(f.weights[j])
     return _assemble(groups, fronts, option_counts, float(best))
 
 
@@ -114,7 +130,7 @@ def least_times(groups: Sequence[Layers], fronts: Fronts, budget: float, bucket:
     curve = np.full(1, np.inf)
     if budget >= 0:
         width = buckets_down(budget, table.bucket, cap=buckets_down(fastest_bytes, table.bucket)) + 1
-        _guard(2 * width, table.bucket, "least_times", sum(n for _, n in problem.runs))
+        _guard(2 * 8 * width, width * sum(n for _, n in problem.runs), table.bucket, "least_times")
         row = zeros_row(width)
         for (key, n) in problem.runs:
             f = table.get(*key)
@@ -159,7 +175,7 @@ def suffix_times(layers: Sequence[Layers], fronts: Fronts, budgets: Sequence[flo
     out = [math.inf] * len(budgets)
     if width <= 0:
         return out
-    _guard(2 * width, table.bucket, "suffix_times", len(layers))
+    _guard(2 * 8 * width, width * len(layers), table.bucket, "suffix_times")
     row = zeros_row(width)
     if caps[-1] >= 0:
         out[-1] = 0.0
