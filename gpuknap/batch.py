@@ -14,6 +14,7 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
+from .limits import format_bytes
 from .passes import Segment, option_tables
 from .options import FrontTable
 
@@ -76,11 +77,12 @@ def too_wide(capacity: int, max_bytes: int, bucket: float) -> str:
     """The message for a DP row of ``capacity`` buckets that ``max_bytes`` cannot hold."""
     cells = max_bytes // row_bytes(0) - 1  # widest capacity that fits
     if cells < 1:
-        return f"max_bytes={max_bytes} is too small for any DP row; allow at least {row_bytes(1)} bytes"
+        return (f"max_bytes={max_bytes} (--max-memory) is too small for any DP row; "
+                f"allow at least {row_bytes(1)} bytes")
     factor = -(-(capacity + 1) // cells)
     return (f"one DP row of {capacity + 1} buckets needs {row_bytes(capacity)} bytes of working memory, "
-            f"over max_bytes={max_bytes}; use a bucket of at least {int(-(-bucket * factor // 1))} bytes "
-            f"(or raise max_bytes)")
+            f"over max_bytes={max_bytes}; use a bucket of at least {format_bytes(bucket * factor)} (--bucket), "
+            f"or raise max_bytes (--max-memory)")
 
 
 def plan_chunks(problems: Sequence[Knapsack], max_bytes: int, bucket: float) -> list[list[tuple]]:

@@ -187,7 +187,10 @@ def cmd_rank(args: argparse.Namespace) -> int:
                        f"({need})")
     if width % spec.chunks:
         raise BadInput(f"{sf.where(0)} has {width} counts, not a multiple of pipeline.interleave={spec.chunks}")
-    spec.model.check_splits(splits, spec.chunks, sf.where)
+    try:
+        spec.model.check_splits(splits, spec.chunks, sf.where)
+    except ValueError as exc:  # row errors name the file already; shape and dtype errors do not
+        raise BadInput(str(exc) if str(exc).startswith(sf.path) else f"{sf.path}: {exc}") from None
     backend = get_backend(args.backend)
     slowest = np.empty(len(splits))
     best_i, best_choice = -1, None

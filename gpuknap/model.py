@@ -125,6 +125,9 @@ class PipelineModel:
 
     def check_counts(self, counts: Any, chunks: int = 1) -> list[int]:
         """Validate one split: counts >= 1 summing to the layer count, P * chunks of them."""
+        check_int(chunks, "chunks", 1)
+        if isinstance(counts, (str, bytes)) or not hasattr(counts, "__iter__"):
+            raise ValueError(f"counts must be a sequence of layer counts, got {type(counts).__name__}")
         counts = [int(n) if isinstance(n, (int, np.integer)) and not isinstance(n, bool) else n for n in counts]
         if not counts or len(counts) % chunks:
             raise ValueError(f"counts must have a positive multiple of chunks={chunks} entries, got {len(counts)}")
