@@ -5,6 +5,7 @@ layers' recompute options; gpuknap packs many candidates into one batch and
 solves all stages with min-plus passes on NumPy or CuPy.
 """
 from .backend import BackendUnavailable, cupy_available, get_backend
+from .limits import WorkTooLarge, work_limit
 from .options import MEGABYTE, LayerOption, Layers
 from .model import PipelineModel
 from .ranking import Ranking, rank
@@ -16,6 +17,6 @@ __all__ = [
     "MEGABYTE", "LayerOption", "Layers", "Assignment", "StageChoice", "Stage", "PipelineChoice",
     "choose", "least_times", "suffix_times", "pp_lite", "rank", "Ranking",
     "PipelineModel", "best_splits",
-    "get_backend", "cupy_available", "BackendUnavailable",
+    "get_backend", "cupy_available", "BackendUnavailable", "work_limit", "WorkTooLarge",
 ]
 __version__ = "0.1.0"

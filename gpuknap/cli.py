@@ -207,7 +207,7 @@ def cmd_rank(args: argparse.Namespace) -> int:
     payload = {**_header("rank", spec, backend.name), "rows": len(splits), "feasible": feasible,
                "out": args.out, "best": None}
     if args.plot:
-        plot_scores(slowest, args.plot, f"{len(splits):,} splits of {spec.name}",
+        plot_scores(slowest, args.plot, f"slowest-stage time of candidate splits of {spec.name}",
                     None if best_i < 0 else float(slowest[best_i]))
     if best_i < 0:
         _emit(args, payload, f"none of the {len(splits)} splits is feasible")

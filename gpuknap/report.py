@@ -146,7 +146,8 @@ def plot_scores(slowest: np.ndarray, path: str, title: str, best: float | None =
     ax.set_xlabel("slowest stage time (profile time units)")
     ax.set_ylabel("splits")
     infeasible = len(slowest) - len(finite)
-    ax.set_title(f"{title}: {len(finite):,} feasible splits" + (f", {infeasible:,} infeasible" if infeasible else ""))
+    ax.set_title(f"{title}\n{len(slowest):,} splits scored: {len(finite):,} feasible"
+                 + (f", {infeasible:,} infeasible (not shown)" if infeasible else ""), fontsize=10)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
