@@ -76,12 +76,13 @@ class Ranking:
 
 
 def solve_problems(problems: Sequence[StageProblem], table: FrontTable, backend: str | None,
-                   max_bytes: int | None) -> np.ndarray:
-    """Least time of every distinct stage problem (``inf`` where none fits)."""
+                   max_bytes: int | None, verdicts: Sequence[Any] | None = None) -> np.ndarray:
+    """Least time of every distinct stage problem (``inf`` where none fits);
+    ``verdicts`` are the problems' verdicts when the caller has them already."""
     values = np.full(len(problems), np.inf)
     knapsacks = []
     for ident, problem in enumerate(problems):
-        how = verdict(problem, table)
+        how = verdict(problem, table) if verdicts is None else verdicts[ident]
         if how.kind == FASTEST:
             values[ident] = how.time
         elif how.kind == KNAPSACK:

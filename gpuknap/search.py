@@ -40,9 +40,10 @@ from .engine import check_max_bytes
 from .limits import MAX_TOP
 from .model import PipelineModel
 from .options import MEGABYTE, FrontTable, check_bucket, check_int
-from .problem import INFEASIBLE, canonical, verdict
+from .classify import KindIndex, classify, kind_index
+from .problem import INFEASIBLE, verdict
+from .ranking import solve_problems
 from .results import PipelineChoice
-from .segments import SegmentGroups, segment_times
 from .progress import report
 from .stage import pp_lite
 
@@ -64,7 +65,7 @@ def score_of(times: Any, score: str, micro_batches: int) -> float:
 
 
 #: Most segments an exhaustive search enumerates (each is a stage problem to classify).
-MAX_SEGMENTS = 2_000_000
+MAX_SEGMENTS = 20_000_000
 
 
 class SegmentTable:
@@ -97,65 +98,95 @@ class SegmentTable:
         return np.unique(self.band[np.isfinite(self.band)])
 
 
-def _span_bounds(model: PipelineModel, inflight: list[int], fronts: FrontTable) -> np.ndarray:
+def _span_bounds(model: PipelineModel, inflight: list[int], fronts: FrontTable, index: KindIndex) -> np.ndarray:
     """Per stage and start, an upper bound on the layers a stage can hold: their
     static bytes plus their lightest options must fit the device."""
     limit = model.capacity - model.reserved
     n = model.layers
     out = np.zeros((len(inflight), n + 1), dtype=np.int64)
-    for s, k in enumerate(inflight):
-        lightest = {kind: float(fronts.get(kind, k).memories[0]) for kind in model.kind_order}
-        cost = np.array([float(model.static[kind]) + lightest[kind] for kind in model.kinds])
+    for k in sorted(set(inflight)):
+        lightest = np.array([float(fronts.get(kind, k).memories[0]) for kind in index.kinds])
+        cost = (index.static + lightest)[index.codes]
         prefix = np.concatenate(([0.0], np.cumsum(cost)))
         reach = prefix + limit + abs(limit) * 1e-9 + 1e-6  # slack for sums in another order
         last = np.searchsorted(prefix, reach, side="right") - 1
-        out[s] = np.maximum(last - np.arange(n + 1), 0)
+        out[np.asarray(inflight) == k] = np.maximum(last - np.arange(n + 1), 0)
     return out
+
+
+def _rooms(spans: np.ndarray, n: int) -> np.ndarray:
+    """``room[s, a]``: the most layers stage s may take from layer a, within its
+    span bound and leaving at least one layer for each later stage (0 where a
+    is not a possible start of stage s)."""
+    p = len(spans)
+    a = np.arange(n + 1)[None, :]
+    s = np.arange(p)[:, None]
+    room = np.minimum(spans, (n - (p - 1 - s)) - a)
+    room[(a < s) | (a > n - (p - s))] = 0
+    return np.maximum(room, 0)
+
+
+def coverable_layers(rooms: np.ndarray, n: int) -> int:
+    """The most layers, of n, that the stages can cover from layer 0 within their
+    rooms (n when some split might fit; fewer proves that none does)."""
+    reach = np.zeros(n + 1, dtype=bool)
+    reach[0] = True
+    for s in range(len(rooms)):  # stage by stage: which ends can a split of s+1 stages reach
+        starts = np.flatnonzero(reach & (rooms[s] > 0))
+        reach = np.zeros(n + 1, dtype=bool)
+        if len(starts) == 0:
+            return 0
+        diff = np.zeros(n + 2, dtype=np.int64)
+        np.add.at(diff, starts + 1, 1)
+        np.add.at(diff, starts + rooms[s, starts] + 1, -1)
+        reach = np.cumsum(diff)[:n + 1] > 0
+    return n if reach[n] else int(np.flatnonzero(reach).max(initial=0))
 
 
 def segment_table(model: PipelineModel, stages: int, bucket: float, backend: Any,
                   in_flight: Any = None, max_bytes: int | None = None) -> SegmentTable:
-    """Least time of stage s on layers ``start:end`` for every segment of a split."""
+    """Least time of stage s on layers ``start:end`` for every segment of a split.
+
+    Every candidate segment (within its stage's span bound) is classified with
+    array operations; ends beyond a stage's first infeasible end are dropped
+    (more layers only need more memory); the distinct problems left are one
+    batch for the engine.  A model whose stages cannot cover its layers even
+    with their lightest options gets an all-infeasible table before any of this.
+    """
     n = model.layers
-    table = model.in_flight_table(stages, 1, in_flight)
-    inflight = [row[0] for row in table]
+    inflight = [row[0] for row in model.in_flight_table(stages, 1, in_flight)]
     fronts = FrontTable(model.fronts, bucket)
-    spans = _span_bounds(model, inflight, fronts)
-    width = 0
-    total = 0
-    for s in range(stages):
-        starts = np.arange(s, n - (stages - s) + 1)
-        room = np.minimum(spans[s, starts], (n - (stages - 1 - s)) - starts)
-        width = max(width, int(room.max(initial=0)))
-        total += int(room.sum())
+    index = kind_index(model)
+    rooms = _rooms(_span_bounds(model, inflight, fronts, index), n)
+    width = max(int(rooms.max(initial=0)), 1)
+    if coverable_layers(rooms, n) < n:
+        return SegmentTable(np.full((stages, n + 1, 1), np.inf))
+    total = int(rooms.sum())
     if total > MAX_SEGMENTS:
         raise ValueError(
             f"an exhaustive search of {stages} stages over {n} layers would classify up to {total:,} segments "
             f"(over {MAX_SEGMENTS:,}); rank candidate splits with model.rank instead")
-    cache = SegmentGroups(model)
-    seg_s, seg_a, seg_b = [], [], []
-    feasible: dict[tuple, bool] = {}
-    for s in range(stages):
-        report("segments", s, stages)
-        k = inflight[s]
-        for start in range(s, n - (stages - s) + 1):
-            last = min(start + int(spans[s, start]), n - (stages - 1 - s))
-            for end in range(start + 1, last + 1):
-                groups = cache.groups(start, end, k)
-                key = (groups, model.budget_of(groups))
-                ok = feasible.get(key)
-                if ok is None:
-                    ok = feasible[key] = verdict(canonical(*key), fronts).kind != INFEASIBLE
-                if not ok:
-                    break  # more layers only need more memory
-                seg_s.append(s)
-                seg_a.append(start)
-                seg_b.append(end)
-    band = np.full((stages, n + 1, max(width, 1)), np.inf)
-    if seg_s:
-        s_a, a_a, b_a = (np.asarray(x, dtype=np.int64) for x in (seg_s, seg_a, seg_b))
-        band[s_a, a_a, b_a - a_a - 1] = segment_times(model, np.asarray(inflight), s_a, a_a, b_a, bucket,
-                                                      backend, max_bytes)
+    report("segments", 0, total)
+    flat = rooms.ravel()
+    cell = np.repeat(np.arange(flat.size), flat)  # one entry per segment: its (s, a)
+    j = np.arange(total) - np.repeat(np.cumsum(flat) - flat, flat)
+    seg_s, seg_a = np.divmod(cell, n + 1)
+    ids, problems = classify(model, index, np.asarray(inflight, dtype=np.int64)[seg_s], seg_a, seg_a + 1 + j)
+    report("segments", total, total)
+    verdicts = [verdict(problem, fronts) for problem in problems]
+    feasible = np.array([v.kind != INFEASIBLE for v in verdicts], dtype=bool)
+    ok = np.zeros((stages, n + 1, width), dtype=bool)
+    ok[seg_s, seg_a, j] = feasible[ids]
+    ok = np.logical_and.accumulate(ok, axis=2)  # stop at a stage's first infeasible end
+    keep = ok[seg_s, seg_a, j]
+    needed = np.zeros(len(problems), dtype=bool)
+    needed[ids[keep]] = True
+    values = np.full(len(problems), np.inf)
+    chosen = np.flatnonzero(needed)
+    values[chosen] = solve_problems([problems[i] for i in chosen], fronts, backend, max_bytes,
+                                    [verdicts[i] for i in chosen])
+    band = np.full((stages, n + 1, width), np.inf)
+    band[seg_s[keep], seg_a[keep], j[keep]] = values[ids[keep]]
     return SegmentTable(band)
 
 
