@@ -27,7 +27,7 @@ from .options import FrontTable
 from .progress import reporting
 from .report import (JSON_VERSION, format_split, plot_curve, plot_scores, plot_splits, require_matplotlib,
                      split_record)
-from .search import SCORES, best_splits
+from .search import SCORES, best_splits, coverage
 from .spec import Spec, load_spec
 from .splitfiles import PLOT_SUFFIXES, check_output, read_splits, write_scores
 from .stage import least_times
@@ -167,7 +167,11 @@ def cmd_best(args: argparse.Namespace) -> int:
     payload = {**_header("best", spec, backend.name), "stages": stages, "score": args.score,
                "top": args.top, "results": records}
     if not found:
-        _emit(args, payload, f"no feasible split of {spec.name} into {stages} stages fits the device memory")
+        held = coverage(spec.model, stages, spec.bucket, spec.in_flight)
+        payload["coverable_layers"] = held
+        why = (f": even with their lightest options the {stages} stages hold at most {held:,} of its "
+               f"{spec.model.layers:,} layers" if held < spec.model.layers else "")
+        _emit(args, payload, f"no feasible split of {spec.name} into {stages} stages fits the device memory{why}")
         return EXIT_INFEASIBLE
     text = "\n\n".join(format_split(r, f"#{i + 1} of {spec.name}, {stages} stages") for i, r in enumerate(records))
     if args.plot:

@@ -143,6 +143,26 @@ def coverable_layers(rooms: np.ndarray, n: int) -> int:
     return n if reach[n] else int(np.flatnonzero(reach).max(initial=0))
 
 
+def _check_size(model: PipelineModel, stages: int) -> None:
+    """Refuse, before allocating, searches whose per-stage tables alone are too large."""
+    cells = stages * (model.layers + 1)
+    if cells > MAX_SEGMENTS:
+        raise ValueError(f"an exhaustive search of {stages} stages over {model.layers} layers needs tables of "
+                         f"{cells:,} (stage, start) entries, over {MAX_SEGMENTS:,} segments; "
+                         "rank candidate splits with model.rank instead")
+
+
+def coverage(model: PipelineModel, stages: int, bucket: float = MEGABYTE, in_flight: Any = None) -> int:
+    """How many of the model's layers ``stages`` stages can hold even with their lightest
+    options (an upper bound: fewer than ``model.layers`` proves no split fits).  Array
+    work only, no DP: milliseconds even for thousands of layers."""
+    _check_size(model, stages)
+    inflight = [row[0] for row in model.in_flight_table(stages, 1, in_flight)]
+    index = kind_index(model)
+    rooms = _rooms(_span_bounds(model, inflight, FrontTable(model.fronts, bucket), index), model.layers)
+    return coverable_layers(rooms, model.layers)
+
+
 def segment_table(model: PipelineModel, stages: int, bucket: float, backend: Any,
                   in_flight: Any = None, max_bytes: int | None = None) -> SegmentTable:
     """Least time of stage s on layers ``start:end`` for every segment of a split.
@@ -154,6 +174,7 @@ def segment_table(model: PipelineModel, stages: int, bucket: float, backend: Any
     with their lightest options gets an all-infeasible table before any of this.
     """
     n = model.layers
+    _check_size(model, stages)
     inflight = [row[0] for row in model.in_flight_table(stages, 1, in_flight)]
     fronts = FrontTable(model.fronts, bucket)
     index = kind_index(model)

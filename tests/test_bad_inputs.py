@@ -179,8 +179,8 @@ CASES = [
          ["DP cells", "--bucket"], {"big.json": big_model},
          lambda p: least_times(load_spec(p["big.json"]).model.stages([25000] * 4)[0].groups,
                                load_spec(p["big.json"]).model.fronts, 2**40)),
-    Case("best on 100,000 layers", ["best", "{f}"], ["segments"], {"big.json": big_model},
-         lambda p: best_splits(load_spec(p["big.json"]).model, 4)),
+    Case("best on 100,000 layers in 2,000 stages", ["best", "{f}", "--stages", "2000"], ["segments"],
+         {"big.json": big_model}, lambda p: best_splits(load_spec(p["big.json"]).model, 2000)),
     flag_case("--max-work 0", ["best", "--max-work", "0"], ["--max-work"]),
     flag_case("--max-memory 1", ["best", DEMO, "--max-memory", "1"], ["--max-memory"],
               lambda p: best_splits(load_spec(DEMO).model, 16, max_bytes=1, backend="numpy")),
@@ -373,6 +373,13 @@ def test_sapp_load_checks_capacity():
 
 def test_backend_unavailable_is_a_value_error():
     assert issubclass(BackendUnavailable, ValueError)
+
+
+def test_infeasible_large_model_is_recognised_at_once(tmp_path):
+    (tmp_path / "big.json").write_text(big_model())
+    p, seconds = run_cli(["best", str(tmp_path / "big.json")], str(tmp_path))
+    assert p.returncode == 1 and p.stderr == "" and seconds < SECONDS
+    assert "hold at most" in p.stdout and "of its 100,000 layers" in p.stdout
 
 
 def test_closed_pipe_exits_quietly():

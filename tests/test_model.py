@@ -153,3 +153,44 @@ def test_best_splits_on_a_long_model_agrees_with_rank():
     ok = np.isfinite(rr.slowest)
     scores = [score_of(rr.times(i), "1f1b", 6) for i in np.flatnonzero(ok)]
     assert not scores or min(scores) >= got[0][1]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_vectorised_classification_equals_per_segment_problems(seed):
+    """classify() gives every segment exactly the canonical problem the per-segment path builds
+    (kinds in first-appearance order, the same budget bits), and equal problems share an id."""
+    from gpuknap.classify import classify, kind_index
+    from gpuknap.problem import canonical
+
+    rng = random.Random(seed)
+    model = random_model(rng, rng.randint(1, 40), tight=seed % 2 == 0)
+    n = model.layers
+    starts, ends, ks = [], [], []
+    for _ in range(300):
+        a = rng.randint(0, n - 1)
+        starts.append(a)
+        ends.append(rng.randint(a + 1, n))
+        ks.append(rng.randint(1, 6))
+    ids, problems = classify(model, kind_index(model), np.array(ks), np.array(starts), np.array(ends))
+    seen = {}
+    for i, (a, b, k) in enumerate(zip(starts, ends, ks)):
+        groups = model.segment_groups(a, b, k)
+        want = canonical(groups, model.budget_of(groups))
+        assert problems[ids[i]] == want
+        assert seen.setdefault(want, ids[i]) == ids[i]
+    assert len(problems) == len(seen)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_coverage_proves_infeasibility_only_when_brute_force_agrees(seed):
+    from gpuknap.search import coverage
+
+    rng = random.Random(100 + seed)
+    model = random_model(rng, rng.randint(3, 12), tight=True)
+    p = rng.randint(1, min(4, model.layers))
+    held = coverage(model, p, 1)
+    feasible = brute(model, p, "slowest", 1)
+    assert held <= model.layers
+    if held < model.layers:
+        assert feasible == []
+    assert best_splits(model, p, 1, "slowest", 1, backend="numpy") == [] or held == model.layers
