@@ -28,7 +28,7 @@ MAX_LAYERS = 1_000_000
 MAX_IN_FLIGHT = 1_000_000
 from .ranking import Ranking, rank as rank_candidates
 from .results import Stage
-from .stage import pp_lite
+from .stage import Planner, pp_lite
 
 
 def kind_counts(kinds: Sequence[Hashable]) -> tuple:
@@ -238,8 +238,10 @@ class PipelineModel:
         p = width // chunks
         table = self.in_flight_table(p, chunks, in_flight)
 
+        plan = Planner(self.fronts, bucket)  # choices of many rows share their stages
+
         def rebuild(i):
-            return pp_lite(self.stages(arr[i].tolist(), in_flight, chunks), self.fronts, bucket)
+            return plan(self.stages(arr[i].tolist(), in_flight, chunks))
 
         if chunks > 1:  # devices hold several chunks: build the stages row by row
             return rank_candidates([self.stages(row, in_flight, chunks) for row in arr.tolist()],

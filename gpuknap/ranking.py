@@ -19,7 +19,7 @@ from .engine import check_max_bytes, solve_knapsacks
 from .options import MEGABYTE, FrontTable, check_number
 from .problem import FASTEST, KNAPSACK, StageProblem, canonical, fronts_of, verdict
 from .results import PipelineChoice, Stage
-from .stage import check_stages, pp_lite
+from .stage import Planner, check_stages
 
 
 class Ranking:
@@ -174,5 +174,5 @@ def rank(candidates: Sequence[Sequence[Stage]], fronts: Mapping[Hashable, Sequen
         stage_keys, problems, key_problem, key_fixed = _dedup(flat, offsets, table)
     values = solve_problems(problems, table, backend, max_bytes)
     stage_times = (values[key_problem] + key_fixed)[stage_keys]
-    return Ranking(stage_times, np.asarray(offsets, dtype=np.int64),
-                   lambda i: pp_lite(candidates[i], fronts, bucket))
+    plan = Planner(fronts, bucket)  # choices of many candidates share their stages
+    return Ranking(stage_times, np.asarray(offsets, dtype=np.int64), lambda i: plan(candidates[i]))

@@ -45,7 +45,7 @@ from .problem import INFEASIBLE, verdict
 from .ranking import solve_problems
 from .results import PipelineChoice
 from .progress import report
-from .stage import pp_lite
+from .stage import Planner
 
 SCORES = ("slowest", "1f1b")
 
@@ -430,8 +430,9 @@ def best_splits(model: PipelineModel, stages: int, top: int = 1, score: str = "s
     finally:
         sys.setrecursionlimit(depth)
     out = []
+    plan = Planner(model.fronts, bucket)  # the top k share most of their stages: each solved once
     for i, (counts, value) in enumerate(found):
-        choice = pp_lite(model.stages(list(counts), in_flight), model.fronts, bucket)
+        choice = plan(model.stages(list(counts), in_flight))
         out.append((tuple(int(c) for c in counts), float(value), choice))
         report("plans", i + 1, len(found))
     return out

@@ -199,18 +199,37 @@ def check_stages(stages: Any, where: str = "stages") -> tuple:
     return tuple(stages)
 
 
+class Planner:
+    """``pp_lite`` for many candidates: one front table, and each distinct stage
+    (groups and budget) solved once however many candidates hold it."""
+
+    def __init__(self, fronts: Fronts, bucket: float = MEGABYTE):
+        self.fronts = fronts
+        self.table = FrontTable(fronts, bucket)
+        self._cache: dict[tuple, StageChoice | None] = {}
+
+    def __call__(self, stages: Sequence[Stage]) -> PipelineChoice | None:
+        """Solve every stage on its own budget; None if any stage has no choice."""
+        stages = check_stages(stages)
+        for stage in stages:  # validate every kind before solving anything
+            for g in stage.groups:
+                self.table.get(g.kind, g.in_flight)
+        choices, times = [], []
+        for stage in stages:
+            key = (stage.groups, stage.budget)
+            try:
+                choice = self._cache[key]
+            except KeyError:
+                choice = self._cache[key] = _choose(self.table, stage.groups, stage.budget)
+            except TypeError:  # unhashable groups: solve without the cache
+                choice = _choose(self.table, stage.groups, stage.budget)
+            if choice is None:
+                return None
+            choices.append(choice)
+            times.append(choice.time + stage.fixed_time)
+        return PipelineChoice(tuple(choices), tuple(times))
+
+
 def pp_lite(stages: Sequence[Stage], fronts: Fronts, bucket: float = MEGABYTE) -> PipelineChoice | None:
     """Solve every stage on its own budget; None if any stage has no choice."""
-    table = FrontTable(fronts, bucket)
-    stages = check_stages(stages)
-    for stage in stages:  # validate every kind before solving anything
-        for g in stage.groups:
-            table.get(g.kind, g.in_flight)
-    choices, times = [], []
-    for stage in stages:
-        choice = _choose(table, stage.groups, stage.budget)
-        if choice is None:
-            return None
-        choices.append(choice)
-        times.append(choice.time + stage.fixed_time)
-    return PipelineChoice(tuple(choices), tuple(times))
+    return Planner(fronts, bucket)(stages)
