@@ -1,6 +1,7 @@
 """Times of model segments: stage s of P taking layers ``start:end``.
 
-Both ``PipelineModel.rank`` and ``best_splits`` reduce to this: a set of
+Both ``PipelineModel.rank`` (:func:`segment_times`) and ``best_splits``
+(:func:`segment_table`, every segment a split may use) reduce to this: a set of
 segments, each a stage problem (its kinds in order, in-flight count and
 budget), classified with array operations (:mod:`gpuknap.classify`),
 deduplicated and solved in one batch.  Segments that share their problem
@@ -13,8 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from .classify import classify, kind_index
-from .options import FrontTable
+from .classify import KindIndex, classify, kind_index
+from .options import MEGABYTE, FrontTable
+from .problem import INFEASIBLE, verdict
+from .progress import report
 from .ranking import solve_problems
 
 
@@ -31,3 +34,186 @@ def segment_times(model: Any, stage_in_flight: np.ndarray, seg_stage: np.ndarray
                              np.asarray(seg_end, dtype=np.int64))
     values = solve_problems(problems, table, backend, max_bytes)
     return values[ids]
+
+
+#: Most segments an exhaustive search enumerates (each is a stage problem to classify).
+MAX_SEGMENTS = 20_000_000
+
+
+class SegmentTable:
+    """Segment times ``T[s, a, b]`` stored as a band: ``band[s, a, j]`` is the
+    segment ``a:a+1+j``; every segment outside the band is infeasible (``inf``)."""
+
+    def __init__(self, band: np.ndarray):
+        self.band = band
+        self.p, self.n1, self.width = band.shape
+        ends = np.arange(self.n1)[:, None] + 1 + np.arange(self.width)[None, :]
+        self.valid = ends < self.n1
+        self.ends = np.minimum(ends, self.n1 - 1)
+
+    def at(self, s: int, a: int, b: int) -> float:
+        j = b - a - 1
+        return float(self.band[s, a, j]) if 0 <= j < self.width else math.inf
+
+    def end_range(self, a: int) -> range:
+        return range(a + 1, min(self.n1, a + 1 + self.width))
+
+    def pull(self, values: np.ndarray, fill: Any) -> np.ndarray:
+        """``values[a + 1 + j]`` per ``(a, j)``, ``fill`` past the last layer."""
+        return np.where(self.valid, values[self.ends], fill)
+
+    def push_sum(self, contrib: np.ndarray) -> np.ndarray:
+        """Per end ``b``, the sum of ``contrib[a, j]`` over segments ending at ``b``."""
+        return np.bincount(self.ends[self.valid], weights=contrib[self.valid], minlength=self.n1)
+
+    def values(self) -> np.ndarray:
+        """The distinct finite segment times, ascending: the candidate bottlenecks."""
+        return np.unique(self.band[np.isfinite(self.band)])
+
+    def cover(self, tau: float) -> tuple[np.ndarray, np.ndarray]:
+        """``ok[s, a]``: stages s.. can cover layers a.. with every time <= tau;
+        ``hit[s, a]``: the same with at least one time == tau."""
+        ok = np.zeros((self.p + 1, self.n1), dtype=bool)
+        hit = np.zeros((self.p + 1, self.n1), dtype=bool)
+        ok[self.p, self.n1 - 1] = True
+        for s in range(self.p - 1, -1, -1):
+            under = self.band[s] <= tau
+            ok_next = self.pull(ok[s + 1], False)
+            ok[s] = (under & ok_next).any(axis=1)
+            hit[s] = (under & (((self.band[s] == tau) & ok_next) | self.pull(hit[s + 1], False))).any(axis=1)
+        return ok, hit
+
+    def count(self, tau: float, cap: int) -> int:
+        """Splits with every stage time <= tau, capped at ``cap``."""
+        ways = np.zeros(self.n1)
+        ways[0] = 1
+        for s in range(self.p):
+            ways = np.minimum(self.push_sum(ways[:, None] * (self.band[s] <= tau)), cap)
+        return int(ways[self.n1 - 1])
+
+    def first_feasible(self, values: np.ndarray) -> int:
+        """Index into ``values`` (ascending) of the least bottleneck some split attains
+        (``len(values)`` when no split is feasible): a binary search over counts."""
+        if len(values) == 0 or self.count(values[-1], 1) == 0:
+            return len(values)
+        lo, hi = 0, len(values) - 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.count(values[mid], 1):
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+
+def _span_bounds(model: Any, inflight: list[int], fronts: FrontTable, index: KindIndex) -> np.ndarray:
+    """Per stage and start, an upper bound on the layers a stage can hold: their
+    static bytes plus their lightest options must fit the device."""
+    limit = model.capacity - model.reserved
+    n = model.layers
+    out = np.zeros((len(inflight), n + 1), dtype=np.int64)
+    for k in sorted(set(inflight)):
+        lightest = np.array([float(fronts.get(kind, k).memories[0]) for kind in index.kinds])
+        cost = (index.static + lightest)[index.codes]
+        prefix = np.concatenate(([0.0], np.cumsum(cost)))
+        reach = prefix + limit + abs(limit) * 1e-9 + 1e-6  # slack for sums in another order
+        last = np.searchsorted(prefix, reach, side="right") - 1
+        out[np.asarray(inflight) == k] = np.maximum(last - np.arange(n + 1), 0)
+    return out
+
+
+def _rooms(spans: np.ndarray, n: int) -> np.ndarray:
+    """``room[s, a]``: the most layers stage s may take from layer a, within its
+    span bound and leaving at least one layer for each later stage (0 where a
+    is not a possible start of stage s)."""
+    p = len(spans)
+    a = np.arange(n + 1)[None, :]
+    s = np.arange(p)[:, None]
+    room = np.minimum(spans, (n - (p - 1 - s)) - a)
+    room[(a < s) | (a > n - (p - s))] = 0
+    return np.maximum(room, 0)
+
+
+def coverable_layers(rooms: np.ndarray, n: int) -> int:
+    """The most layers, of n, that the stages can cover from layer 0 within their
+    rooms (n when some split might fit; fewer proves that none does)."""
+    reach = np.zeros(n + 1, dtype=bool)
+    reach[0] = True
+    for s in range(len(rooms)):  # stage by stage: which ends can a split of s+1 stages reach
+        starts = np.flatnonzero(reach & (rooms[s] > 0))
+        reach = np.zeros(n + 1, dtype=bool)
+        if len(starts) == 0:
+            return 0
+        diff = np.zeros(n + 2, dtype=np.int64)
+        np.add.at(diff, starts + 1, 1)
+        np.add.at(diff, starts + rooms[s, starts] + 1, -1)
+        reach = np.cumsum(diff)[:n + 1] > 0
+    return n if reach[n] else int(np.flatnonzero(reach).max(initial=0))
+
+
+def _check_size(model: Any, stages: int) -> None:
+    """Refuse, before allocating, searches whose per-stage tables alone are too large."""
+    cells = stages * (model.layers + 1)
+    if cells > MAX_SEGMENTS:
+        raise ValueError(f"an exhaustive search of {stages} stages over {model.layers} layers needs tables of "
+                         f"{cells:,} (stage, start) entries, over {MAX_SEGMENTS:,} segments; "
+                         "rank candidate splits with model.rank instead")
+
+
+def coverage(model: Any, stages: int, bucket: float = MEGABYTE, in_flight: Any = None) -> int:
+    """How many of the model's layers ``stages`` stages can hold even with their lightest
+    options (an upper bound: fewer than ``model.layers`` proves no split fits).  Array
+    work only, no DP: milliseconds even for thousands of layers."""
+    _check_size(model, stages)
+    inflight = [row[0] for row in model.in_flight_table(stages, 1, in_flight)]
+    index = kind_index(model)
+    rooms = _rooms(_span_bounds(model, inflight, FrontTable(model.fronts, bucket), index), model.layers)
+    return coverable_layers(rooms, model.layers)
+
+
+def segment_table(model: Any, stages: int, bucket: float, backend: Any,
+                  in_flight: Any = None, max_bytes: int | None = None) -> SegmentTable:
+    """Least time of stage s on layers ``start:end`` for every segment of a split.
+
+    Every candidate segment (within its stage's span bound) is classified with
+    array operations; ends beyond a stage's first infeasible end are dropped
+    (more layers only need more memory); the distinct problems left are one
+    batch for the engine.  A model whose stages cannot cover its layers even
+    with their lightest options gets an all-infeasible table before any of this.
+    """
+    n = model.layers
+    _check_size(model, stages)
+    inflight = [row[0] for row in model.in_flight_table(stages, 1, in_flight)]
+    fronts = FrontTable(model.fronts, bucket)
+    index = kind_index(model)
+    rooms = _rooms(_span_bounds(model, inflight, fronts, index), n)
+    width = max(int(rooms.max(initial=0)), 1)
+    if coverable_layers(rooms, n) < n:
+        return SegmentTable(np.full((stages, n + 1, 1), np.inf))
+    total = int(rooms.sum())
+    if total > MAX_SEGMENTS:
+        raise ValueError(
+            f"an exhaustive search of {stages} stages over {n} layers would classify up to {total:,} segments "
+            f"(over {MAX_SEGMENTS:,}); rank candidate splits with model.rank instead")
+    report("segments", 0, total)
+    flat = rooms.ravel()
+    cell = np.repeat(np.arange(flat.size), flat)  # one entry per segment: its (s, a)
+    j = np.arange(total) - np.repeat(np.cumsum(flat) - flat, flat)
+    seg_s, seg_a = np.divmod(cell, n + 1)
+    ids, problems = classify(model, index, np.asarray(inflight, dtype=np.int64)[seg_s], seg_a, seg_a + 1 + j)
+    report("segments", total, total)
+    verdicts = [verdict(problem, fronts) for problem in problems]
+    feasible = np.array([v.kind != INFEASIBLE for v in verdicts], dtype=bool)
+    ok = np.zeros((stages, n + 1, width), dtype=bool)
+    ok[seg_s, seg_a, j] = feasible[ids]
+    ok = np.logical_and.accumulate(ok, axis=2)  # stop at a stage's first infeasible end
+    keep = ok[seg_s, seg_a, j]
+    needed = np.zeros(len(problems), dtype=bool)
+    needed[ids[keep]] = True
+    values = np.full(len(problems), np.inf)
+    chosen = np.flatnonzero(needed)
+    values[chosen] = solve_problems([problems[i] for i in chosen], fronts, backend, max_bytes,
+                                    [verdicts[i] for i in chosen])
+    band = np.full((stages, n + 1, width), np.inf)
+    band[seg_s[keep], seg_a[keep], j[keep]] = values[ids[keep]]
+    return SegmentTable(band)

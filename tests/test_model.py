@@ -7,6 +7,7 @@ import random
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from gpuknap import MEGABYTE, LayerOption, Layers, PipelineModel, best_splits, pp_lite
 from gpuknap.search import exact_score, score_of
@@ -194,3 +195,36 @@ def test_coverage_proves_infeasibility_only_when_brute_force_agrees(seed):
     if held < model.layers:
         assert feasible == []
     assert best_splits(model, p, 1, "slowest", 1, backend="numpy") == [] or held == model.layers
+
+
+@given(st.lists(st.lists(st.integers(0, 2**75), min_size=1, max_size=5), min_size=1, max_size=4).filter(
+    lambda rows: len({len(r) for r in rows}) == 1), st.data())
+@settings(max_examples=200, deadline=None)
+def test_two_limb_integers_are_exact(rows, data):
+    from gpuknap.search_1f1b import LIMB, MASK, Wide
+
+    other = [[data.draw(st.integers(0, 2**75)) for _ in r] for r in rows]
+
+    def wide(values):
+        hi = np.array([[v >> LIMB for v in r] for r in values], dtype=np.int64)
+        lo = np.array([[v & MASK for v in r] for r in values], dtype=np.int64)
+        return Wide(hi, lo, 1 << 61)
+
+    a, b = wide(rows), wide(other)
+    total = a + b
+    for i, r in enumerate(rows):
+        assert [total.value(i, j) for j in range(len(r))] == [x + y for x, y in zip(r, other[i])]
+        assert a.min_rows().value(i) == min(r)
+        assert [a.minimum(b).value(i, j) for j in range(len(r))] == [min(x, y) for x, y in zip(r, other[i])]
+    assert (a.where(np.zeros(a.hi.shape, dtype=bool))).value(0, 0) is None
+
+
+def test_1f1b_exact_with_times_across_hundreds_of_binary_orders():
+    """Times of 1e-200 next to 1.0 need integers far beyond two limbs: the search stays exact."""
+    fr = {"x": [LayerOption("a", 3, 1e-200, 0.0), LayerOption("b", 1, 0.3, 1.7)],
+          "y": [LayerOption("c", 2, 0.1, 0.2)]}
+    model = PipelineModel(["x", "y", "x", "x", "y", "x", "y"], fr, {"x": 1, "y": 1}, 14, 3)
+    for p in (2, 3):
+        want = brute(model, p, "1f1b", 1)
+        got = best_splits(model, p, 5, "1f1b", 1, backend="numpy")
+        assert [(s, c) for c, s, _ in got] == want[:5]
