@@ -162,8 +162,9 @@ def cmd_best(args: argparse.Namespace) -> int:
                        "use 'rank' for interleaved splits")
     backend = get_backend(args.backend)
     found = best_splits(spec.model, stages, args.top, args.score, spec.bucket, backend, spec.in_flight,
-                        _max_bytes(args))
-    records = [split_record(spec.model, c, ch, args.score, v, spec.in_flight) for c, v, ch in found]
+                        _max_bytes(args), bound=args.bound)
+    records = [split_record(spec.model, f[0], f[2], args.score, f[1], spec.in_flight,
+                            lower_bound=f[3] if args.bound else None, bucket=spec.bucket) for f in found]
     payload = {**_header("best", spec, backend.name), "stages": stages, "score": args.score,
                "top": args.top, "results": records}
     if not found:
@@ -308,6 +309,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--stages", type=_integer("--stages", 1, MAX_LAYERS), help="pipeline stages (overrides the spec)")
     b.add_argument("--top", type=_integer("--top", 1, MAX_TOP), default=1, help=f"how many splits (default 1, at most {MAX_TOP})")
     b.add_argument("--score", choices=SCORES, default="slowest", help="slowest stage or 1F1B iteration time")
+    b.add_argument("--bound", action="store_true",
+                   help="also certify the bucketing: a lower bound on the score with exact bytes (one more search)")
     b.set_defaults(func=cmd_best)
     r = sub.add_parser("rank", parents=[common], help="score every split in a file")
     r.add_argument("spec")

@@ -165,13 +165,19 @@ def useful_options(kind: Hashable, options: Sequence[Any], in_flight: int) -> li
 
 
 class FrontTable:
-    """Caches the :class:`Front` of every ``(kind, in_flight)`` for one bucket size."""
+    """Caches the :class:`Front` of every ``(kind, in_flight)`` for one bucket size.
 
-    def __init__(self, fronts: Mapping[Hashable, Sequence[Any]], bucket: float):
+    ``relaxed=True`` rounds weights down (and :func:`gpuknap.problem.verdict`
+    rounds budgets up): every choice that fits in exact bytes fits the relaxed
+    knapsack, so its optimum is a lower bound on the exact-bytes optimum.
+    """
+
+    def __init__(self, fronts: Mapping[Hashable, Sequence[Any]], bucket: float, relaxed: bool = False):
         if not isinstance(fronts, Mapping):
             raise ValueError(f"fronts must be a mapping from kind to options, got {type(fronts).__name__}")
         self.fronts = fronts
         self.bucket = check_bucket(bucket)
+        self.relaxed = bool(relaxed)
         self._cache: dict[tuple, Front] = {}
 
     def get(self, kind: Hashable, in_flight: int) -> Front:
@@ -189,7 +195,8 @@ class FrontTable:
             kept = useful_options(kind, options, int(in_flight))
             mems = np.array([m for m, _, _ in kept], dtype=np.float64)
             times = np.array([t for _, t, _ in kept], dtype=np.float64)
-            weights = np.array([min(buckets_up(m, self.bucket), WEIGHT_CAP) for m in mems], dtype=np.int64)
+            weigh = buckets_down if self.relaxed else buckets_up
+            weights = np.array([min(weigh(m, self.bucket), WEIGHT_CAP) for m in mems], dtype=np.int64)
             front = Front(kind, int(in_flight), tuple(o for _, _, o in kept), mems, times, weights)
             self._cache[key] = front
         return front

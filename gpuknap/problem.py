@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .options import Front, FrontTable, Layers, buckets_down, check_layers, check_number
+from .options import Front, FrontTable, Layers, buckets_down, buckets_up, check_layers, check_number
 
 #: How a problem is answered.
 INFEASIBLE, FASTEST, KNAPSACK = 0, 1, 2
@@ -84,7 +84,7 @@ def verdict(problem: StageProblem, table: FrontTable) -> Verdict:
         fastest_bytes += n * float(f.memories[-1])
     if fastest_bytes <= problem.budget:
         return Verdict(FASTEST, sequential_time([float(f.times[-1]) for f in fronts], counts))
-    capacity = buckets_down(problem.budget, table.bucket)
+    capacity = (buckets_up if table.relaxed else buckets_down)(problem.budget, table.bucket)
     lightest = sum(n * int(f.weights[0]) for f, n in zip(fronts, counts))
     if lightest > capacity:
         return Verdict(INFEASIBLE)

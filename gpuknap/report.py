@@ -13,6 +13,7 @@ from .model import PipelineModel
 from .options import MEGABYTE
 from .results import PipelineChoice
 from .search import score_of
+from .stage import Planner
 
 JSON_VERSION = 1
 
@@ -32,9 +33,15 @@ def option_label(model: PipelineModel):
 
 
 def split_record(model: PipelineModel, counts: Sequence[int], choice: PipelineChoice, score: str,
-                 value: float, in_flight: Any = None, chunks: int = 1) -> dict:
-    """One solved split as the JSON record (and the source of the human table)."""
+                 value: float, in_flight: Any = None, chunks: int = 1, lower_bound: float | None = None,
+                 bucket: float = MEGABYTE) -> dict:
+    """One solved split as the JSON record (and the source of the human table).
+
+    With a ``lower_bound`` (``best --bound``) the record carries it, and each
+    stage its own bound: the stage's time with weights rounded down and the
+    budget rounded up, below which no exact-bytes choice can go."""
     stages = model.stages(list(counts), in_flight, chunks)
+    relaxed = Planner(model.fronts, bucket, relaxed=True)(stages) if lower_bound is not None else None
     label = option_label(model)
     slowest = choice.slowest
     p = len(stages)
@@ -57,6 +64,8 @@ def split_record(model: PipelineModel, counts: Sequence[int], choice: PipelineCh
             "options": options,
             "slowest": t == slowest,
         })
+        if relaxed is not None:
+            rows[-1]["time_lower_bound"] = relaxed.times[s]
     return {
         "counts": [int(c) for c in counts],
         "score": _finite(value),
@@ -64,19 +73,24 @@ def split_record(model: PipelineModel, counts: Sequence[int], choice: PipelineCh
         "slowest": slowest,
         "iteration_time_1f1b": score_of(choice.times, "1f1b", model.micro_batches),
         "stages": rows,
+        **({} if lower_bound is None else {"lower_bound": lower_bound}),
     }
 
 
 def format_split(record: dict, title: str) -> str:
     """A human table of one split: one row per stage, the slowest marked with '*'."""
-    lines = [f"{title}: {record['score_kind']} = {record['score']:.6g}   counts {record['counts']}",
-             f"{'stage':>5} {'layers':>6} {'in-flight':>9} {'memory / budget (MiB)':>24} {'time':>12}  options"]
+    bounded = "lower_bound" in record
+    certificate = f" (exact-bytes optimum >= {record['lower_bound']:.6g})" if bounded else ""
+    lines = [f"{title}: {record['score_kind']} = {record['score']:.6g}{certificate}   counts {record['counts']}",
+             f"{'stage':>5} {'layers':>6} {'in-flight':>9} {'memory / budget (MiB)':>24} {'time':>12}"
+             + (f" {'>= bound':>11}" if bounded else "") + "  options"]
     for r in record["stages"]:
         mark = "*" if r["slowest"] else " "
         mem = f"{r['memory_bytes'] / MEGABYTE:,.0f} / {r['budget_bytes'] / MEGABYTE:,.0f}"
         opts = " ".join(f"{k}x{v}" for k, v in r["options"].items())
         inflight = r["in_flight"] if not isinstance(r["in_flight"], list) else ",".join(map(str, r["in_flight"]))
-        lines.append(f"{r['stage']:>5} {r['layers']:>6} {inflight!s:>9} {mem:>24} {r['time']:>11.6g}{mark}  {opts}")
+        low = f" {r['time_lower_bound']:>11.6g}" if bounded else ""
+        lines.append(f"{r['stage']:>5} {r['layers']:>6} {inflight!s:>9} {mem:>24} {r['time']:>11.6g}{mark}{low}  {opts}")
     lines.append(f"slowest stage {record['slowest']:.6g}; 1F1B iteration time {record['iteration_time_1f1b']:.6g}")
     return "\n".join(lines)
 

@@ -36,12 +36,15 @@ class StageChoice:
     """The options chosen for one stage.
 
     ``assignments`` per group (zero counts omitted, slower options first);
-    ``memory`` the exact bytes kept; ``time`` the total time of the layers.
+    ``memory`` the exact bytes kept; ``time`` the total time of the layers;
+    ``lower_bound`` (when asked for) a lower bound on the least time any
+    choice fitting the budget in exact bytes could reach.
     """
 
     assignments: tuple
     memory: float
     time: float
+    lower_bound: float | None = None
 
 
 @dataclass(frozen=True)

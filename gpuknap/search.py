@@ -120,13 +120,29 @@ def _top_slowest(T: SegmentTable, top: int) -> list[tuple]:
     return [(c, t) for t, c in ranked] + [(c, float(tau_k)) for c in at_tau]
 
 
+def _search(T: SegmentTable, top: int, score: str, micro_batches: int, stages: int) -> list[tuple]:
+    depth = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(depth, stages + 200))  # the walks recurse once per stage
+    try:
+        return _top_slowest(T, top) if score == "slowest" else top_1f1b(T, top, micro_batches)
+    finally:
+        sys.setrecursionlimit(depth)
+
+
 def best_splits(model: PipelineModel, stages: int, top: int = 1, score: str = "slowest",
                 bucket: float = MEGABYTE, backend: Any = "auto", in_flight: Any = None,
-                max_bytes: int | None = None) -> list[tuple[tuple, float, PipelineChoice]]:
+                max_bytes: int | None = None, bound: bool = False) -> list[tuple]:
     """The exact ``top`` splits of ``model`` into ``stages`` stages, best first.
 
     Each entry is ``(counts, score, PipelineChoice)``; ties by counts in
     lexicographic order.  An infeasible model gives an empty list.
+
+    ``bound=True`` certifies the bucketing: entries are ``(counts, score,
+    choice, lower_bound)``, where ``lower_bound`` is the i-th best score of the
+    same search with weights rounded down and budgets rounded up.  Every split
+    scores no less in that relaxation than with exact bytes, so the i-th best
+    split with exact bytes (no bucketing at all) scores at least
+    ``lower_bound``: the gap to ``score`` is the most a finer bucket could gain.
     """
     if not isinstance(model, PipelineModel):
         raise ValueError(f"model must be a PipelineModel, got {type(model).__name__}")
@@ -143,19 +159,16 @@ def best_splits(model: PipelineModel, stages: int, top: int = 1, score: str = "s
         check_max_bytes(max_bytes)
     model.in_flight_table(int(stages), 1, in_flight)
     T = segment_table(model, int(stages), bucket, backend, in_flight, max_bytes)
-    depth = sys.getrecursionlimit()
-    sys.setrecursionlimit(max(depth, int(stages) + 200))  # the walks recurse once per stage
-    try:
-        if score == "slowest":
-            found = _top_slowest(T, int(top))
-        else:
-            found = top_1f1b(T, int(top), model.micro_batches)
-    finally:
-        sys.setrecursionlimit(depth)
+    found = _search(T, int(top), score, model.micro_batches, int(stages))
+    bounds: list[float] = []
+    if bound and found:
+        relaxed = segment_table(model, int(stages), bucket, backend, in_flight, max_bytes, relaxed=True)
+        bounds = [value for _, value in _search(relaxed, len(found), score, model.micro_batches, int(stages))]
     out = []
     plan = Planner(model.fronts, bucket)  # the top k share most of their stages: each solved once
     for i, (counts, value) in enumerate(found):
         choice = plan(model.stages(list(counts), in_flight))
-        out.append((tuple(int(c) for c in counts), float(value), choice))
+        entry = (tuple(int(c) for c in counts), float(value), choice)
+        out.append(entry + (float(bounds[i]),) if bound else entry)
         report("plans", i + 1, len(found))
     return out

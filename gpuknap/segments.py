@@ -172,7 +172,7 @@ def coverage(model: Any, stages: int, bucket: float = MEGABYTE, in_flight: Any =
 
 
 def segment_table(model: Any, stages: int, bucket: float, backend: Any,
-                  in_flight: Any = None, max_bytes: int | None = None) -> SegmentTable:
+                  in_flight: Any = None, max_bytes: int | None = None, relaxed: bool = False) -> SegmentTable:
     """Least time of stage s on layers ``start:end`` for every segment of a split.
 
     Every candidate segment (within its stage's span bound) is classified with
@@ -184,7 +184,7 @@ def segment_table(model: Any, stages: int, bucket: float, backend: Any,
     n = model.layers
     _check_size(model, stages)
     inflight = [row[0] for row in model.in_flight_table(stages, 1, in_flight)]
-    fronts = FrontTable(model.fronts, bucket)
+    fronts = FrontTable(model.fronts, bucket, relaxed)  # relaxed: lower bounds on exact-bytes times
     index = kind_index(model)
     rooms = _rooms(_span_bounds(model, inflight, fronts, index), n)
     width = max(int(rooms.max(initial=0)), 1)

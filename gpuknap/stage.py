@@ -7,6 +7,7 @@ are bit-identical to the batch's readouts.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any, Callable, Hashable, Mapping, Sequence
 
 import numpy as np
@@ -102,14 +103,24 @@ def _choose(table: FrontTable, groups: tuple, budget: float) -> StageChoice | No
     return _assemble(groups, fronts, option_counts, float(best))
 
 
-def choose(groups: Sequence[Layers], fronts: Fronts, budget: float, bucket: float = MEGABYTE) -> StageChoice | None:
+def choose(groups: Sequence[Layers], fronts: Fronts, budget: float, bucket: float = MEGABYTE,
+           bound: bool = False) -> StageChoice | None:
     """The fastest choice of options for ``groups`` within ``budget`` bytes, or None.
 
     Exact per the contract: all-fastest when it fits in exact bytes, else the
-    bucketed multiple-choice knapsack (least time, then least buckets).
+    bucketed multiple-choice knapsack (least time, then least buckets).  With
+    ``bound=True`` the choice's ``lower_bound`` is the optimum of the same
+    knapsack with weights rounded down and the budget rounded up: no choice
+    fitting ``budget`` in exact bytes is faster (equal to ``time`` when the
+    bucket divides every option's memory and the budget).
     """
     table = FrontTable(fronts, bucket)
-    return _choose(table, check_groups(groups), budget)
+    groups = check_groups(groups)
+    choice = _choose(table, groups, budget)
+    if choice is None or not bound:
+        return choice
+    relaxed = _choose(FrontTable(fronts, bucket, relaxed=True), groups, budget)
+    return replace(choice, lower_bound=relaxed.time)
 
 
 def least_times(groups: Sequence[Layers], fronts: Fronts, budget: float, bucket: float = MEGABYTE) -> Callable[[float], float]:
@@ -201,11 +212,13 @@ def check_stages(stages: Any, where: str = "stages") -> tuple:
 
 class Planner:
     """``pp_lite`` for many candidates: one front table, and each distinct stage
-    (groups and budget) solved once however many candidates hold it."""
+    (groups and budget) solved once however many candidates hold it.  With
+    ``relaxed=True`` (weights rounded down, budgets up) the stage times are
+    lower bounds on what exact bytes allow, not plans."""
 
-    def __init__(self, fronts: Fronts, bucket: float = MEGABYTE):
+    def __init__(self, fronts: Fronts, bucket: float = MEGABYTE, relaxed: bool = False):
         self.fronts = fronts
-        self.table = FrontTable(fronts, bucket)
+        self.table = FrontTable(fronts, bucket, relaxed)
         self._cache: dict[tuple, StageChoice | None] = {}
 
     def __call__(self, stages: Sequence[Stage]) -> PipelineChoice | None:

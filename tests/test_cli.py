@@ -123,3 +123,15 @@ def test_plot_writes_png(tmp_path):
     out = tmp_path / "best.png"
     run("best", DEMO, "--top", "2", "--plot", str(out), check_rc=0)
     assert out.stat().st_size > 1000
+
+
+def test_best_bound_json_matches_the_api():
+    p = run("best", DEMO, "--top", "2", "--bucket", "300MiB", "--bound", "--json", check_rc=0)
+    out = json.loads(p.stdout)
+    spec = load_spec(DEMO, bucket="300MiB")
+    want = best_splits(spec.model, spec.stages, 2, "slowest", spec.bucket, backend="numpy", bound=True)
+    assert [r["lower_bound"] for r in out["results"]] == [w[3] for w in want]
+    for r in out["results"]:
+        assert all(st["time_lower_bound"] <= st["time"] for st in r["stages"])
+    human = run("best", DEMO, "--bucket", "300MiB", "--bound", check_rc=0).stdout
+    assert "exact-bytes optimum >=" in human and ">= bound" in human

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from gpuknap import MEGABYTE, LayerOption, Layers, PipelineModel, best_splits, pp_lite
+from gpuknap import MEGABYTE, LayerOption, Layers, PipelineModel, best_splits, choose, pp_lite
 from gpuknap.search import exact_score, score_of
 
 
@@ -228,3 +228,50 @@ def test_1f1b_exact_with_times_across_hundreds_of_binary_orders():
         want = brute(model, p, "1f1b", 1)
         got = best_splits(model, p, 5, "1f1b", 1, backend="numpy")
         assert [(s, c) for c, s, _ in got] == want[:5]
+
+
+def exact_bytes_stage(groups, fronts, budget):
+    """Least time of a stage with memory counted in exact bytes (no buckets), by brute force."""
+    layers = [(g.kind, g.in_flight) for g in groups for _ in range(g.count)]
+    best = math.inf
+    for combo in itertools.product(*[fronts[kd] for kd, _ in layers]):
+        if sum(o.memory(k) for o, (_, k) in zip(combo, layers)) <= budget:
+            best = min(best, math.fsum(o.forward_time + o.backward_time for o in combo))
+    return best
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_bound_never_exceeds_the_exact_bytes_optimum(seed):
+    rng = random.Random(500 + seed)
+    model = random_model(rng, rng.randint(3, 9), tight=True)
+    p = rng.randint(1, min(3, model.layers))
+    bucket = rng.choice([2, 3, 5])
+    for score in ("slowest", "1f1b"):
+        exact = []
+        for counts in compositions(model.layers, p):
+            times = [exact_bytes_stage(st.groups, model.fronts, st.budget) for st in model.stages(counts)]
+            if all(map(math.isfinite, times)):
+                exact.append(float(exact_score(times, score, model.micro_batches)))
+        exact.sort()
+        got = best_splits(model, p, 4, score, bucket, backend="numpy", bound=True)
+        for i, (counts, value, choice, lower) in enumerate(got):
+            assert lower <= value
+            assert lower <= exact[i] * (1 + 1e-12)  # the i-th best with exact bytes scores at least this
+        for st in model.stages(got[0][0]) if got else []:
+            c = choose(st.groups, model.fronts, st.budget, bucket, bound=True)
+            if c is not None:
+                assert c.lower_bound <= exact_bytes_stage(st.groups, model.fronts, st.budget) * (1 + 1e-12)
+                assert c.lower_bound <= c.time
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_bound_equals_the_result_when_the_bucket_divides_everything(seed):
+    rng = random.Random(900 + seed)
+    model = random_model(rng, rng.randint(3, 12), tight=seed % 2 == 0)  # integer bytes
+    p = rng.randint(1, min(4, model.layers))
+    for score in ("slowest", "1f1b"):
+        for counts, value, choice, lower in best_splits(model, p, 3, score, 1, backend="numpy", bound=True):
+            assert lower == value
+        for st in model.stages(list(compositions(model.layers, p))[0]):
+            c = choose(st.groups, model.fronts, st.budget, 1, bound=True)
+            assert c is None or c.lower_bound == c.time
