@@ -107,7 +107,7 @@ def classify(model: Any, index: KindIndex, in_flight: np.ndarray, start: np.ndar
         budgets = _budgets(index, base, counts, ranks)
         rows = np.column_stack((np.asarray(in_flight[lo:lo + block], dtype=np.int64), budgets.view(np.int64),
                                 counts, ranks))
-        unique, inverse = np.unique(rows, axis=0, return_inverse=True)
+        unique, inverse = _unique_rows(rows, skip=(1,))
         local = np.empty(len(unique), dtype=np.int64)
         for u, row in enumerate(unique):
             key = row.tobytes()
@@ -118,6 +118,38 @@ def classify(model: Any, index: KindIndex, in_flight: np.ndarray, start: np.ndar
             local[u] = pid
         ids[lo:lo + block] = local[inverse.ravel()]
     return ids, problems
+
+
+def _unique_rows(rows: np.ndarray, skip: tuple = ()) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(rows, axis=0, return_inverse=True)``, fast when the rows fit one integer.
+
+    Columns in ``skip`` are functions of the others (the budget is, of the counts
+    and their order) and are left out of the key.  The other columns are packed
+    into one int64 by mixed radix when their ranges allow (then a 1-D unique, or
+    a dense table when the key space is small); else rows are compared whole.
+    """
+    cols = [c for c in range(rows.shape[1]) if c not in skip]
+    low = rows[:, cols].min(axis=0) if len(rows) else np.zeros(len(cols), dtype=np.int64)
+    spans = (rows[:, cols].max(axis=0) - low + 1) if len(rows) else np.ones(len(cols), dtype=np.int64)
+    space = 1
+    for span in spans.tolist():
+        space *= span
+    if space >= 2**62:
+        unique, inverse = np.unique(rows, axis=0, return_inverse=True)
+        return unique, inverse.ravel()
+    key = np.zeros(len(rows), dtype=np.int64)
+    for c, lo_, span in zip(cols, low.tolist(), spans.tolist()):
+        key = key * span + (rows[:, c] - lo_)
+    if space <= max(2**22, 4 * len(rows)):  # dense: mark the keys present, number them in key order
+        present = np.zeros(space, dtype=bool)
+        present[key] = True
+        number = np.cumsum(present) - 1
+        inverse = number[key]
+        first = np.empty(int(present.sum()), dtype=np.int64)
+        first[inverse[::-1]] = np.arange(len(rows))[::-1]
+    else:
+        _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    return rows[first], inverse.ravel()
 
 
 def _problem(index: KindIndex, row: np.ndarray, k: int) -> StageProblem:
