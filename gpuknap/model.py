@@ -14,6 +14,7 @@ chunk) by an explicit table ``in_flight[s][c]`` (required for v > 1).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any, Hashable, Mapping, Sequence
 
 import numpy as np
@@ -24,6 +25,8 @@ from .options import MEGABYTE, Layers, check_bucket, check_int, check_number
 
 #: Most layers a model may have (a bound checked before anything is allocated).
 MAX_LAYERS = 1_000_000
+#: Stage objects remembered by ``stages`` (the cache is emptied when it grows past this).
+STAGE_CACHE = 1 << 18
 #: Most micro-batches (and so in-flight counts) a model may have.
 MAX_IN_FLIGHT = 1_000_000
 from .ranking import Ranking, rank as rank_candidates
@@ -52,6 +55,7 @@ class PipelineModel:
     micro_batches: int
     reserved: float = 0.0
     _order: tuple = field(init=False, repr=False, compare=False)
+    _stages: dict = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         if isinstance(self.kinds, (str, bytes)) or not hasattr(self.kinds, "__iter__"):
@@ -91,6 +95,7 @@ class PipelineModel:
         if self.micro_batches > MAX_IN_FLIGHT:
             raise ValueError(f"micro_batches must be at most {MAX_IN_FLIGHT:,}, got {self.micro_batches!r}")
         object.__setattr__(self, "_order", tuple(order))
+        object.__setattr__(self, "_stages", {})
 
     @property
     def layers(self) -> int:
@@ -154,13 +159,19 @@ class PipelineModel:
         counts = self.check_counts(counts, chunks)
         p = len(counts) // chunks
         table = self.in_flight_table(p, chunks, in_flight)
-        bounds = np.concatenate(([0], np.cumsum(counts))).tolist()
-        groups: list[list[Layers]] = [[] for _ in range(p)]
-        for c in range(chunks):
-            for s in range(p):
-                i = c * p + s
-                groups[s].extend(self.segment_groups(bounds[i], bounds[i + 1], table[s][c]))
-        return [Stage(g, self.budget_of(g)) for g in groups]
+        bounds = list(accumulate(counts, initial=0))
+        out = []
+        cache = self._stages
+        if len(cache) > STAGE_CACHE:
+            cache.clear()
+        for s in range(p):
+            key = tuple((bounds[c * p + s], bounds[c * p + s + 1], table[s][c]) for c in range(chunks))
+            stage = cache.get(key)
+            if stage is None:  # equal segments share one Stage object (rank dedups objects first)
+                groups = [g for a, b, k in key for g in self.segment_groups(a, b, k)]
+                stage = cache[key] = Stage(groups, self.budget_of(groups))
+            out.append(stage)
+        return out
 
     def plan(self, counts: Sequence[int], bucket: float | None = None, in_flight: Any = None,
              chunks: int = 1) -> list[str | None] | None:

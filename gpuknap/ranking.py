@@ -123,27 +123,44 @@ def _hashable(stage: Stage) -> bool:
         return False
 
 
-def _flatten(candidates: list) -> tuple[list, list[int]]:
-    """All stages in one list, and each candidate's offset into it (validated)."""
+#: Stages sampled to decide whether candidates share Stage objects (PipelineModel.stages reuses them).
+_SAMPLE = 2048
+
+
+def _flatten(candidates: list) -> tuple[list, list[int], np.ndarray]:
+    """All stages in one list, each candidate's offset into it, and per stage the
+    index of its object among the distinct objects (validated)."""
     if not (set(map(type, candidates)) <= {list, tuple} and all(candidates)):
         for c, stages in enumerate(candidates):  # slow path: find what is wrong, or accept
             candidates[c] = check_stages(stages, f"candidates[{c}]")
     flat = list(chain.from_iterable(candidates))
-    if set(map(type, flat)) - {Stage}:
+    sample = flat[:_SAMPLE]
+    if len(set(map(id, sample))) * 100 <= len(sample) * 99:  # objects reused: work on each object once
+        ids: dict[int, int] = {}
+        objects = np.fromiter(map(ids.setdefault, map(id, flat), count()), dtype=np.int64, count=len(flat))
+        firsts = np.fromiter(ids.values(), dtype=np.int64, count=len(ids))
+        distinct = [flat[i] for i in firsts.tolist()]
+        dense = np.zeros(len(flat), dtype=np.int64)
+        dense[firsts] = np.arange(len(firsts))
+        objects = dense[objects]
+    else:
+        distinct, objects = flat, np.arange(len(flat))
+    if set(map(type, distinct)) - {Stage}:
         for c, stages in enumerate(candidates):
             check_stages(stages, f"candidates[{c}]")
-    return flat, [0, *accumulate(map(len, candidates))]
+    return distinct, [0, *accumulate(map(len, candidates))], objects
 
 
-def _dedup(flat: list, offsets: list, table: FrontTable) -> tuple:
+def _dedup(flat: list, offsets: list, table: FrontTable, where: Any) -> tuple:
     """Per stage its key id; the distinct validated problems; per key its problem
-    id and fixed time.  A key is ``(groups, budget, fixed_time)``."""
+    id and fixed time.  A key is ``(groups, budget, fixed_time)``; ``where(i)``
+    maps a position in ``flat`` to a position among all the candidates' stages."""
     index: dict[tuple, int] = {}
     try:  # one hash per stage; a key's id is its first stage, made dense below
         first = np.fromiter(map(index.setdefault, map(_KEY, flat), count()), dtype=np.int64, count=len(flat))
     except TypeError:
         at = next(i for i, s in enumerate(flat) if not _hashable(s))
-        raise ValueError(f"{_where(offsets, at)} has an unhashable layer kind or budget") from None
+        raise ValueError(f"{_where(offsets, where(at))} has an unhashable layer kind or budget") from None
     dense = np.zeros(len(flat), dtype=np.int64)
     dense[np.fromiter(index.values(), dtype=np.int64, count=len(index))] = np.arange(len(index))
     problem_ids: dict[StageProblem, int] = {}
@@ -154,7 +171,7 @@ def _dedup(flat: list, offsets: list, table: FrontTable) -> tuple:
             problem = canonical(groups, budget)
             fronts_of(problem, table)
         except ValueError as exc:
-            raise ValueError(f"{_where(offsets, at)}: {exc}") from None
+            raise ValueError(f"{_where(offsets, where(at))}: {exc}") from None
         key_problem.append(problem_ids.setdefault(problem, len(problem_ids)))
     return dense[first], list(problem_ids), np.asarray(key_problem, dtype=np.int64), np.asarray(key_fixed)
 
@@ -170,9 +187,10 @@ def rank(candidates: Sequence[Sequence[Stage]], fronts: Mapping[Hashable, Sequen
         raise ValueError(f"candidates must be a sequence of candidates, got {type(candidates).__name__}")
     candidates = list(candidates)
     with _gc_paused():
-        flat, offsets = _flatten(candidates)
-        stage_keys, problems, key_problem, key_fixed = _dedup(flat, offsets, table)
+        distinct, offsets, objects = _flatten(candidates)
+        where = lambda i: int(np.argmax(objects == i))  # noqa: E731 - only for error messages
+        stage_keys, problems, key_problem, key_fixed = _dedup(distinct, offsets, table, where)
     values = solve_problems(problems, table, backend, max_bytes)
-    stage_times = (values[key_problem] + key_fixed)[stage_keys]
+    stage_times = (values[key_problem] + key_fixed)[stage_keys][objects]
     plan = Planner(fronts, bucket)  # choices of many candidates share their stages
     return Ranking(stage_times, np.asarray(offsets, dtype=np.int64), lambda i: plan(candidates[i]))

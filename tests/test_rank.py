@@ -91,3 +91,33 @@ def test_permuted_batch_gives_permuted_result():
     rng.shuffle(perm)
     b = rank([cands[i] for i in perm], fr, 4, backend="numpy")
     assert np.array_equal(a.slowest[perm], b.slowest)
+
+
+def test_rank_of_shared_stage_objects_equals_copies_and_pp_lite():
+    """PipelineModel.stages reuses Stage objects; rank works on each object once and
+    gives exactly what it gives for distinct copies and what pp_lite gives."""
+    import dataclasses
+    import os
+
+    from gpuknap.spec import load_spec
+
+    model = load_spec(os.path.join(os.path.dirname(__file__), "..", "gpuknap", "examples", "demo.json")).model
+    rng = np.random.default_rng(4)
+    rows = []
+    while len(rows) < 300:
+        row = rng.integers(4, 9, size=15).tolist()
+        if 1 <= 98 - sum(row) <= 9:
+            rows.append(row + [98 - sum(row)])
+    shared = [model.stages(r) for r in rows]
+    assert shared[0][3] is model.stages(rows[0])[3]
+    copies = [[dataclasses.replace(s) for s in c] for c in shared]
+    a = rank(shared, model.fronts, backend="numpy")
+    b = rank(copies, model.fronts, backend="numpy")
+    assert np.array_equal(a.slowest, b.slowest)
+    for i in range(0, 300, 37):
+        want = pp_lite(shared[i], model.fronts)
+        assert a.times(i) == (None if want is None else list(want.times)) == b.times(i)
+    bad = [list(c) for c in shared]
+    bad[7][2] = Stage([Layers("nope", 1)], 10)
+    with pytest.raises(ValueError, match=r"candidates\[7\]\[2\]"):
+        rank(bad, model.fronts, backend="numpy")
