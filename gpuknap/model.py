@@ -21,7 +21,8 @@ import numpy as np
 
 from .backend import get_backend
 from .engine import check_max_bytes
-from .options import MEGABYTE, Layers, check_bucket, check_int, check_number
+from .options import MEGABYTE, FrontTable, Layers, check_bucket, check_int, check_number
+from .problem import canonical
 
 #: Most layers a model may have (a bound checked before anything is allocated).
 MAX_LAYERS = 1_000_000
@@ -29,7 +30,7 @@ MAX_LAYERS = 1_000_000
 STAGE_CACHE = 1 << 18
 #: Most micro-batches (and so in-flight counts) a model may have.
 MAX_IN_FLIGHT = 1_000_000
-from .ranking import Ranking, rank as rank_candidates
+from .ranking import Ranking, solve_problems
 from .results import Stage
 from .stage import Planner, pp_lite
 
@@ -254,9 +255,8 @@ class PipelineModel:
         def rebuild(i):
             return plan(self.stages(arr[i].tolist(), in_flight, chunks))
 
-        if chunks > 1:  # devices hold several chunks: build the stages row by row
-            return rank_candidates([self.stages(row, in_flight, chunks) for row in arr.tolist()],
-                                   self.fronts, bucket, backend, max_bytes)
+        if chunks > 1:  # devices hold several chunks: one stage problem per distinct (stage, segments)
+            return self._rank_interleaved(arr, p, chunks, table, bucket, backend, max_bytes, rebuild)
         n = self.layers + 1
         ends = np.cumsum(arr, axis=1)
         codes = (np.arange(p, dtype=np.int64)[None, :] * n + (ends - arr)) * n + ends
@@ -279,3 +279,29 @@ class PipelineModel:
             times = values[lookup].reshape(batch, p)
         offsets = np.arange(batch + 1, dtype=np.int64) * p
         return Ranking(times.ravel(), offsets, rebuild)
+
+    def _rank_interleaved(self, arr: np.ndarray, p: int, chunks: int, table: list, bucket: float, backend: Any,
+                          max_bytes: int | None, rebuild: Any) -> Ranking:
+        """``rank`` for interleaved splits: rows of (stage, start and end of each chunk)
+        are deduplicated with array operations; only distinct stages become problems."""
+
+        batch = len(arr)
+        ends = np.cumsum(arr, axis=1)
+        starts = ends - arr
+        per_stage = np.stack((starts.reshape(batch, chunks, p), ends.reshape(batch, chunks, p)), axis=3)
+        rows = np.concatenate((np.broadcast_to(np.arange(p)[None, :, None], (batch, p, 1)),
+                               per_stage.transpose(0, 2, 1, 3).reshape(batch, p, 2 * chunks)), axis=2)
+        unique, inverse = np.unique(rows.reshape(batch * p, 1 + 2 * chunks), axis=0, return_inverse=True)
+        fronts = FrontTable(self.fronts, bucket)
+        problem_of: dict = {}
+        problems, ids = [], np.empty(len(unique), dtype=np.int64)
+        for u, row in enumerate(unique.tolist()):
+            s = row[0]
+            groups = [g for c in range(chunks) for g in self.segment_groups(row[1 + 2 * c], row[2 + 2 * c], table[s][c])]
+            problem = canonical(groups, self.budget_of(groups))
+            ids[u] = problem_of.setdefault(problem, len(problems))
+            if ids[u] == len(problems):
+                problems.append(problem)
+        values = solve_problems(problems, fronts, backend, max_bytes)
+        times = values[ids][inverse.ravel()]
+        return Ranking(times, np.arange(batch + 1, dtype=np.int64) * p, rebuild)

@@ -275,3 +275,19 @@ def test_bound_equals_the_result_when_the_bucket_divides_everything(seed):
         for st in model.stages(list(compositions(model.layers, p))[0]):
             c = choose(st.groups, model.fronts, st.budget, 1, bound=True)
             assert c is None or c.lower_bound == c.time
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_interleaved_model_rank_equals_pp_lite_per_row(seed):
+    rng = random.Random(1300 + seed)
+    model = random_model(rng, rng.randint(6, 16), tight=seed % 2 == 0)
+    v = rng.choice([2, 3])
+    p = rng.randint(1, max(1, min(3, model.layers // v)))
+    in_flight = [[rng.randint(1, 4) for _ in range(v)] for _ in range(p)]
+    rows = [rng.choice(list(compositions(model.layers, p * v))) for _ in range(40)]
+    r = model.rank(rows, 1, backend="numpy", in_flight=in_flight, chunks=v)
+    for i, row in enumerate(rows):
+        want = pp_lite(model.stages(row, in_flight, v), model.fronts, 1)
+        assert r.slowest[i] == (math.inf if want is None else want.slowest)
+        assert r.times(i) == (None if want is None else list(want.times))
+        assert r.choice(i) == want
