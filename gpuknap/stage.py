@@ -64,6 +64,18 @@ def _first_hits(before: np.ndarray, after: np.ndarray, front: Front, out: np.nda
         out[w:][hit] = j
 
 
+def _stride(steps: int, width: int, itemsize: int, bucket: float) -> int:
+    """Layers per block of kept picks: all of them when the table fits SINGLE_STAGE_LIMIT,
+    else about sqrt(steps) (checkpoints of float rows between blocks); refuses what
+    still does not fit, or more passes than the work limit."""
+    if steps * width * itemsize + 3 * 8 * width <= SINGLE_STAGE_LIMIT:
+        _guard(0, steps * width, bucket, "this stage")
+        return max(steps, 1)
+    stride = max(1, math.isqrt(steps * 8 // itemsize))
+    _guard(stride * width * itemsize + (-(-steps // stride) + 3) * 8 * width, 2 * steps * width, bucket, "this stage")
+    return stride
+
+
 def _choose(table: FrontTable, groups: tuple, budget: float) -> StageChoice | None:
     """``choose`` on validated groups with a shared front table."""
     problem = canonical(groups, budget)
@@ -76,30 +88,43 @@ def _choose(table: FrontTable, groups: tuple, budget: float) -> StageChoice | No
         return _assemble(groups, fronts, counts, how.time)
     capacity = how.capacity
     steps = [(gi, f) for gi, (g, f) in enumerate(zip(groups, fronts)) for _ in range(g.count)]
-    width = capacity + 1
-    itemsize = 1 if max(len(f.options) for f in fronts) < 127 else 2
-    _guard(len(steps) * width * itemsize + 3 * 8 * width, len(steps) * width, table.bucket, "this stage")
-    # Forward passes keep one row of times and, per layer, the option each cell took:
-    # the first option (lightest first) whose addition gives the cell's minimum.
-    picks = np.empty((len(steps), width), dtype=np.int8 if itemsize == 1 else np.int16)
+    width, n = capacity + 1, len(steps)
+    dtype = np.int8 if max(len(f.options) for f in fronts) < 127 else np.int16
+    stride = _stride(n, width, np.dtype(dtype).itemsize, table.bucket)
+    # Forward passes keep one row of times and, per layer, the option each cell took (the
+    # first, lightest, option whose addition gives the cell's minimum).  When that table is
+    # too large, only every stride-th row is kept and each block's picks are recomputed
+    # from its row during the traceback: twice the passes, a fraction of the memory.
+    picks = np.empty((min(stride, n), width), dtype=dtype)
+    checkpoints = {}
     row = zeros_row(width)
     for layer, (_, f) in enumerate(steps):
+        if layer % stride == 0:
+            checkpoints[layer] = row
         new = pass_level(np, row, None, width, _segment(f))
-        _first_hits(row[0], new[0], f, picks[layer])
+        if stride == n:
+            _first_hits(row[0], new[0], f, picks[layer])
         row = new
-    last = row[0]
-    best = last[capacity]
+    best = row[0][capacity]
     if math.isinf(best):
         return None
-    c = int(np.argmax(last == best))  # least weight among least time
+    c = int(np.argmax(row[0] == best))  # least weight among least time
     option_counts = [[0] * len(f.options) for f in fronts]
-    for layer in range(len(steps) - 1, -1, -1):
-        gi, f = steps[layer]
-        j = int(picks[layer, c])
-        if j < 0:  # pragma: no cover - the DP always has a predecessor
-            raise AssertionError("DP traceback found no predecessor")
-        option_counts[gi][j] += 1
-        c -= int(f.weights[j])
+    for first in reversed(range(0, n, stride)):
+        block = range(first, min(n, first + stride))
+        if stride < n:
+            row = checkpoints[first]
+            for layer in block:
+                new = pass_level(np, row, None, width, _segment(steps[layer][1]))
+                _first_hits(row[0], new[0], steps[layer][1], picks[layer - first])
+                row = new
+        for layer in reversed(block):
+            gi, f = steps[layer]
+            j = int(picks[layer - first, c])
+            if j < 0:  # pragma: no cover - the DP always has a predecessor
+                raise AssertionError("DP traceback found no predecessor")
+            option_counts[gi][j] += 1
+            c -= int(f.weights[j])
     return _assemble(groups, fronts, option_counts, float(best))
 
 

@@ -146,3 +146,21 @@ def test_any_option_like_object_works_everywhere():
     model = PipelineModel(["x"] * 5, fr, {"x": 1}, 30, 2)
     assert best_splits(model, 2, 1, bucket=1, backend="numpy")[0][2] is not None
     assert set(model.plan([3, 2], bucket=1)) <= {"fast", "slow"}
+
+
+@given(fronts(), groups(max_layers=12), budgets)
+@settings(max_examples=100, deadline=None)
+def test_checkpointed_traceback_gives_the_same_choice(fr, gs, budget):
+    """Stages whose table of picks is too large keep checkpoints and recompute each
+    block's picks: the choice is identical to the one-table traceback."""
+    import gpuknap.stage as stage_mod
+
+    want = choose(gs, fr, budget, 1)
+    old = stage_mod._stride
+    for stride in (1, 2, 3):  # as if the table were too large: blocks of `stride` layers
+        stage_mod._stride = lambda steps, width, itemsize, bucket: min(stride, steps)
+        try:
+            got = choose(gs, fr, budget, 1)
+        finally:
+            stage_mod._stride = old
+        assert got == want
