@@ -170,8 +170,10 @@ def cmd_best(args: argparse.Namespace) -> int:
     if not found:
         held = coverage(spec.model, stages, spec.bucket, spec.in_flight)
         payload["coverable_layers"] = held
-        why = (f": even with their lightest options the {stages} stages hold at most {held:,} of its "
-               f"{spec.model.layers:,} layers" if held < spec.model.layers else "")
+        why = ("" if held >= spec.model.layers else
+               ": not even its first layer fits on a device" if held == 0 else
+               f": even with their lightest options the {stages} stages hold at most {held:,} of its "
+               f"{spec.model.layers:,} layers")
         _emit(args, payload, f"no feasible split of {spec.name} into {stages} stages fits the device memory{why}")
         return EXIT_INFEASIBLE
     text = "\n\n".join(format_split(r, f"#{i + 1} of {spec.name}, {stages} stages") for i, r in enumerate(records))

@@ -50,29 +50,16 @@ def _assemble(groups: Sequence[Layers], fronts: list[Front], option_counts: list
     return StageChoice(tuple(assignments), memory, time)
 
 
-def _first_hits(before: np.ndarray, after: np.ndarray, front: Front, out: np.ndarray) -> None:
-    """``out[c]``: the first option j with ``before[c - w_j] + t_j == after[c]`` (-1 if none).
-
-    The same additions as the pass, so equality is exact; the first (lightest)
-    matching option is the one a backward search over the kept rows would take."""
-    width = len(after)
-    out.fill(-1)
-    for j, (w, t) in enumerate(zip(front.weights.tolist(), front.times.tolist())):
-        if w >= width:
-            continue
-        hit = (before[: width - w] + t == after[w:]) & (out[w:] < 0)
-        out[w:][hit] = j
-
-
-def _stride(steps: int, width: int, itemsize: int, bucket: float) -> int:
-    """Layers per block of kept picks: all of them when the table fits SINGLE_STAGE_LIMIT,
-    else about sqrt(steps) (checkpoints of float rows between blocks); refuses what
-    still does not fit, or more passes than the work limit."""
-    if steps * width * itemsize + 3 * 8 * width <= SINGLE_STAGE_LIMIT:
+def _stride(steps: int, width: int, bucket: float) -> int:
+    """Layers per block of kept DP rows: all of them when they fit SINGLE_STAGE_LIMIT,
+    else about sqrt(steps) (checkpoint rows between blocks, each block recomputed in
+    the traceback); refuses what still does not fit, or more passes than the work limit."""
+    row = 8 * width
+    if (steps + 1) * row <= SINGLE_STAGE_LIMIT:
         _guard(0, steps * width, bucket, "this stage")
         return max(steps, 1)
-    stride = max(1, math.isqrt(steps * 8 // itemsize))
-    _guard(stride * width * itemsize + (-(-steps // stride) + 3) * 8 * width, 2 * steps * width, bucket, "this stage")
+    stride = max(1, math.isqrt(steps))
+    _guard((stride + 1 + -(-steps // stride)) * row, 2 * steps * width, bucket, "this stage")
     return stride
 
 
@@ -89,42 +76,39 @@ def _choose(table: FrontTable, groups: tuple, budget: float) -> StageChoice | No
     capacity = how.capacity
     steps = [(gi, f) for gi, (g, f) in enumerate(zip(groups, fronts)) for _ in range(g.count)]
     width, n = capacity + 1, len(steps)
-    dtype = np.int8 if max(len(f.options) for f in fronts) < 127 else np.int16
-    stride = _stride(n, width, np.dtype(dtype).itemsize, table.bucket)
-    # Forward passes keep one row of times and, per layer, the option each cell took (the
-    # first, lightest, option whose addition gives the cell's minimum).  When that table is
-    # too large, only every stride-th row is kept and each block's picks are recomputed
-    # from its row during the traceback: twice the passes, a fraction of the memory.
-    picks = np.empty((min(stride, n), width), dtype=dtype)
-    checkpoints = {}
-    row = zeros_row(width)
-    for layer, (_, f) in enumerate(steps):
-        if layer % stride == 0:
-            checkpoints[layer] = row
-        new = pass_level(np, row, None, width, _segment(f))
-        if stride == n:
-            _first_hits(row[0], new[0], f, picks[layer])
-        row = new
-    best = row[0][capacity]
+    stride = _stride(n, width, table.bucket)
+
+    def run(row: np.ndarray, layers: range, keep: int) -> list[np.ndarray]:
+        """The rows after each layer from ``row``, keeping every ``keep``-th (and the last)."""
+        rows, last = [row], row
+        for i, layer in enumerate(layers, 1):
+            last = pass_level(np, last, None, width, _segment(steps[layer][1]))
+            if i % keep == 0:
+                rows.append(last)
+        return rows + ([last] if len(layers) % keep else [])
+
+    # Keep every row when they fit; else keep every stride-th row (a checkpoint) and
+    # recompute each block's rows from its checkpoint during the traceback.
+    checkpoints = run(zeros_row(width), range(n), 1 if stride == n else stride)
+    last = checkpoints[-1][0]
+    best = last[capacity]
     if math.isinf(best):
         return None
-    c = int(np.argmax(row[0] == best))  # least weight among least time
+    c = int(np.argmax(last == best))  # least weight among least time
     option_counts = [[0] * len(f.options) for f in fronts]
     for first in reversed(range(0, n, stride)):
         block = range(first, min(n, first + stride))
-        if stride < n:
-            row = checkpoints[first]
-            for layer in block:
-                new = pass_level(np, row, None, width, _segment(steps[layer][1]))
-                _first_hits(row[0], new[0], steps[layer][1], picks[layer - first])
-                row = new
+        rows = checkpoints if stride == n else run(checkpoints[first // stride], block, 1)
         for layer in reversed(block):
             gi, f = steps[layer]
-            j = int(picks[layer - first, c])
-            if j < 0:  # pragma: no cover - the DP always has a predecessor
+            here, before = rows[layer + 1 - first][0], rows[layer - first][0]
+            for j, (w, t) in enumerate(zip(f.weights.tolist(), f.times.tolist())):
+                if w <= c and before[c - w] + t == here[c]:  # the first (lightest) option that gives it
+                    option_counts[gi][j] += 1
+                    c -= w
+                    break
+            else:  # pragma: no cover - the DP always has a predecessor
                 raise AssertionError("DP traceback found no predecessor")
-            option_counts[gi][j] += 1
-            c -= int(f.weights[j])
     return _assemble(groups, fronts, option_counts, float(best))
 
 

@@ -158,7 +158,7 @@ def test_checkpointed_traceback_gives_the_same_choice(fr, gs, budget):
     want = choose(gs, fr, budget, 1)
     old = stage_mod._stride
     for stride in (1, 2, 3):  # as if the table were too large: blocks of `stride` layers
-        stage_mod._stride = lambda steps, width, itemsize, bucket: min(stride, steps)
+        stage_mod._stride = lambda steps, width, bucket: min(stride, steps)
         try:
             got = choose(gs, fr, budget, 1)
         finally:
