@@ -24,12 +24,8 @@ ROOT = os.path.dirname(HERE)
 
 
 def timed(fn, repeat):
-    best, out = float("inf"), None
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        out = fn()
-        best = min(best, time.perf_counter() - t0)
-    return best, out
+    from bench_model import timed as best_of
+    return best_of(fn, repeat)
 
 
 def worker() -> dict:
