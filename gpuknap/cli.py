@@ -15,7 +15,7 @@ import sys
 import time
 from contextlib import ExitStack
 from importlib import resources
-from typing import Any, Callable, NoReturn, Sequence
+from typing import Callable, NoReturn, Sequence
 
 import numpy as np
 

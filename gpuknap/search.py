@@ -1,10 +1,11 @@
 """``best_splits``: the exact top-k contiguous splits of a model, without enumerating them.
 
-1. Segment times: ``T[s, start, end]``, the least time of stage s taking
-   layers ``start:end``, for every segment that can be part of a split.  For
-   each stage and start the ends grow until the stage no longer fits (static
-   and activation bytes only grow with more layers), and all segments are one
-   batch for the engine (equal problems solved once, shared pass chains).
+1. Segment times (:func:`gpuknap.segments.segment_table`): ``T[s, start,
+   end]``, the least time of stage s taking layers ``start:end``, for every
+   segment that can be part of a split, classified with array operations and
+   solved as one batch (equal problems once, shared pass chains).  A model
+   whose stages cannot hold its layers even with their lightest options is
+   recognised before any of this (:func:`gpuknap.segments.coverage`).
 2. A dynamic program over stages, per score:
 
    ``slowest``: ``count(tau)``, the number of splits whose stages all take at
@@ -14,21 +15,16 @@
    first splits scoring exactly ``tau_k`` are then walked depth-first with
    "can the rest still be covered" tables, so every step leads to an answer.
 
-   ``1f1b``: ``(M - 1) * slowest + sum of stage times``, computed exactly
-   (segment times as integers times a power of two) and rounded once for
-   the report.  Splits are grouped by their bottleneck ``tau``; for each
-   ``tau`` in increasing order a best-first walk, cut by the exact least sum
-   of the remaining stages, collects the splits whose bottleneck is exactly
-   ``tau`` and that can still enter the top k (a better score, or an equal
-   score with counts that sort first).  The scan stops once ``(M - 1) * tau``
-   plus the least sum of any split exceeds the k-th best score.
+   ``1f1b``: ``(M - 1) * slowest + sum of stage times``, exactly, in
+   :mod:`gpuknap.search_1f1b`.
+3. Plans for the splits found, each distinct stage solved once; with
+   ``bound=True`` the same search with weights rounded down and budgets
+   rounded up certifies how much the bucketing can have cost.
 
 Ties are broken by the counts in lexicographic order.
 """
 from __future__ import annotations
 
-import heapq
-import math
 import sys
 from fractions import Fraction
 from typing import Any
@@ -39,8 +35,7 @@ from .backend import get_backend
 from .engine import check_max_bytes
 from .limits import MAX_TOP
 from .model import PipelineModel
-from .options import MEGABYTE, FrontTable, check_bucket, check_int
-from .results import PipelineChoice
+from .options import MEGABYTE, check_bucket, check_int
 from .search_1f1b import top_1f1b
 from .segments import SegmentTable, coverage, segment_table  # noqa: F401 (coverage: part of the API here)
 from .progress import report

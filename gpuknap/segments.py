@@ -10,6 +10,7 @@ in the engine.
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np

@@ -257,10 +257,10 @@ def test_bound_never_exceeds_the_exact_bytes_optimum(seed):
         for i, (counts, value, choice, lower) in enumerate(got):
             assert lower <= value
             assert lower <= exact[i] * (1 + 1e-12)  # the i-th best with exact bytes scores at least this
-        for st in model.stages(got[0][0]) if got else []:
-            c = choose(st.groups, model.fronts, st.budget, bucket, bound=True)
+        for stage in model.stages(got[0][0]) if got else []:
+            c = choose(stage.groups, model.fronts, stage.budget, bucket, bound=True)
             if c is not None:
-                assert c.lower_bound <= exact_bytes_stage(st.groups, model.fronts, st.budget) * (1 + 1e-12)
+                assert c.lower_bound <= exact_bytes_stage(stage.groups, model.fronts, stage.budget) * (1 + 1e-12)
                 assert c.lower_bound <= c.time
 
 
@@ -272,8 +272,8 @@ def test_bound_equals_the_result_when_the_bucket_divides_everything(seed):
     for score in ("slowest", "1f1b"):
         for counts, value, choice, lower in best_splits(model, p, 3, score, 1, backend="numpy", bound=True):
             assert lower == value
-        for st in model.stages(list(compositions(model.layers, p))[0]):
-            c = choose(st.groups, model.fronts, st.budget, 1, bound=True)
+        for stage in model.stages(list(compositions(model.layers, p))[0]):
+            c = choose(stage.groups, model.fronts, stage.budget, 1, bound=True)
             assert c is None or c.lower_bound == c.time
 
 
