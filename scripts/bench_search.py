@@ -101,14 +101,42 @@ def fmt(cell) -> str:
     return "refused" if t is None else f"{t:.2f}"
 
 
+def backend_rows(backends: list[str], rows: int) -> None:
+    """The first ``rows`` models of the table on each backend: time and the same optimum."""
+    sys.path[:0] = [ROOT, HERE]
+    from gpuknap import best_splits
+    from _scale import CASES, scale_model
+
+    print(f"\n| L | options | P | " + " | ".join(f"{b}: slowest (s) | {b}: 1f1b (s)" for b in backends)
+          + " | same answers |")
+    print("|---:|---:|---:|" + "---:|---:|" * len(backends) + ":---:|")
+    for layers, options, stages, capacity in CASES[:rows]:
+        model = scale_model(layers, options, stages, capacity)
+        cells, answers = [], []
+        for b in backends:
+            for score in ("slowest", "1f1b"):
+                best_splits(model, stages, 1, score, 2**20, backend=b)  # warm-up (kernel compile)
+                t, found = timed(lambda: best_splits(model, stages, 1, score, 2**20, backend=b), 2)
+                cells.append(f"{t:.3f}")
+                answers.append((score, [(c, v) for c, v, _ in found]))
+        same = all(a == answers[i % 2] for i, a in enumerate(answers))
+        print(f"| {layers} | {options} | {stages} | " + " | ".join(cells) + f" | {'yes' if same else 'NO'} |",
+              flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--baseline", default="3c80c4f", help="revision to compare against (default: before issue 10)")
     ap.add_argument("--skip-baseline", action="store_true")
+    ap.add_argument("--backends", help="comma-separated backends: only the table's first --rows models on each")
+    ap.add_argument("--rows", type=int, default=4)
     args = ap.parse_args()
     import numpy as np
     print(f"# {platform.machine()}, {os.cpu_count()} cores, python {platform.python_version()}, numpy {np.__version__}, "
           f"{time.strftime('%Y-%m-%d')}")
+    if args.backends:
+        backend_rows(args.backends.split(","), args.rows)
+        return
     now = run_worker(ROOT)
     base = None
     if not args.skip_baseline:

@@ -11,5 +11,7 @@ python3 -c "import cupy; print('cupy', cupy.__version__, 'devices', cupy.cuda.ru
 python3 -m pytest -q -p no:cacheprovider tests/test_backends.py tests/test_rank.py 2>&1 | tee "$out/gpu_check.log"
 status=${PIPESTATUS[0]}
 python3 scripts/bench_gpu.py --rows 1024 --buckets 65536 --steps 24 2>&1 | tee "$out/gpu_bench.md"
+# whole-model search (issue 10 models) on NumPy and CuPy, same answers
+python3 scripts/bench_search.py --skip-baseline --backends numpy,cupy --rows 4 2>&1 | tee -a "$out/gpu_bench.md"
 python3 scripts/bench_gpu.py --rows 8192 --buckets 65536 --steps 8 --repeat 2 2>&1 | tee -a "$out/gpu_bench.md"
 exit $status

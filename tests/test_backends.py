@@ -75,3 +75,27 @@ def test_public_names_are_exported():
                  "choose", "least_times", "suffix_times", "pp_lite", "rank", "Ranking"]:
         assert hasattr(gpuknap, name)
     assert gpuknap.MEGABYTE == 2**20
+
+
+@pytest.mark.parametrize("score", ["slowest", "1f1b"])
+def test_search_and_model_rank_are_identical_on_every_backend(backend, score):
+    """best_splits (with the bucketing bound) and model.rank, plain and interleaved, give
+    bit-identical results on every backend."""
+    from gpuknap import LayerOption, PipelineModel, best_splits
+
+    rng = random.Random(7)
+    fr = {k: [LayerOption(f"{k}{j}", rng.randint(1, 40) * 2**20 // 3, rng.uniform(1, 9), rng.uniform(0, 5))
+              for j in range(3)] for k in "abc"}
+    kinds = [rng.choice("abc") for _ in range(30)]
+    model = PipelineModel(kinds, fr, {k: 50 * 2**20 for k in "abc"}, 3 * 2**30, 6)
+    want = best_splits(model, 5, 4, score, 2**20, backend="numpy", bound=True)
+    assert len(want) == 4
+    got = best_splits(model, 5, 4, score, 2**20, backend=backend, bound=True, max_bytes=2**20)
+    assert [(c, s, lb) for c, s, _, lb in got] == [(c, s, lb) for c, s, _, lb in want]
+    rows = [c for c, _, _, _ in want]
+    assert np.array_equal(model.rank(rows, 2**20, backend).slowest, model.rank(rows, 2**20, "numpy").slowest)
+    inter = [[1] * 9 + [21], [2] * 9 + [12]]
+    table = [[3, 2], [2, 2], [2, 1], [1, 1], [1, 1]]
+    a = model.rank(inter, 2**20, backend, in_flight=table, chunks=2)
+    b = model.rank(inter, 2**20, "numpy", in_flight=table, chunks=2)
+    assert np.array_equal(a.slowest, b.slowest) and a.times(1) == b.times(1)
