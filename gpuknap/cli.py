@@ -123,7 +123,9 @@ class _Parser(argparse.ArgumentParser):
 
 def _spec(args: argparse.Namespace, path: str | None) -> Spec:
     return load_spec(path or default_example(), capacity=args.capacity, micro_batches=args.micro_batches,
-                     stages=getattr(args, "stages", None), bucket=args.bucket)
+                     stages=getattr(args, "stages", None), bucket=args.bucket, seq=args.seq,
+                     micro_batch=args.micro_batch_size, tensor_parallel=args.tp, expert_parallel=args.ep,
+                     data_parallel=args.dp)
 
 
 def _max_bytes(args: argparse.Namespace) -> int | None:
@@ -295,6 +297,14 @@ def build_parser() -> argparse.ArgumentParser:
                         help="device memory, e.g. '80 GiB' (overrides the spec; needed for SAPP-PPB)")
     common.add_argument("--micro-batches", type=_integer("--micro-batches", 1, MAX_IN_FLIGHT),
                         help="micro-batches per iteration (overrides the spec)")
+    for flag, (name, high, what) in {"--seq": ("seq", 10**7, "sequence length"),
+                                      "--micro-batch-size": ("micro_batch", 10**6, "samples per micro-batch"),
+                                      "--tp": ("tensor_parallel", 4096, "tensor-parallel size"),
+                                      "--ep": ("expert_parallel", 4096, "expert-parallel size"),
+                                      "--dp": ("data_parallel", 10**6, "data-parallel size (shards the optimizer)"),
+                                      }.items():
+        common.add_argument(flag, type=_integer(flag, 1, high), metavar="N",
+                            help=f"{what}, for a Hugging Face config.json")
     common.add_argument("--max-memory", type=_bytes("--max-memory"), metavar="SIZE",
                         help="working memory the DP may use, e.g. '8 GiB' (default: a quarter of free RAM, "
                              "at most 2 GiB; half the free GPU memory)")

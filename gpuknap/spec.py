@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 from .analytic import config_from, transformer_model
 from .documents import check_keys, read_document
-from .formats import sapp_ppb
+from .formats import hf, sapp_ppb
 from .model import MAX_IN_FLIGHT, MAX_LAYERS, PipelineModel
 from .options import MAX_BYTES, MAX_TIME, MEGABYTE, LayerOption
 from .units import parse_quantity
@@ -164,12 +164,59 @@ def _override(value: Any, name: str, check) -> Any:
         raise ValueError(f"{name}: {str(exc).split(': ', 2)[-1]}") from None
 
 
+#: How a Hugging Face config is trained: keyword -> (command-line flag, low, high); booleans apart.
+TRAINING = {"seq": ("--seq", 1, 10**7), "micro_batch": ("--micro-batch-size", 1, 10**6),
+            "tensor_parallel": ("--tp", 1, 4096), "expert_parallel": ("--ep", 1, 4096),
+            "data_parallel": ("--dp", 1, 10**6)}
+
+
+def _training(training: dict, arg: _Fields) -> dict:
+    """Validated training keywords (None values dropped), blamed on the keyword and its flag."""
+    out = {}
+    for name, value in training.items():
+        if value is None:
+            continue
+        if name == "sequence_parallel":
+            if not isinstance(value, bool):
+                raise ValueError(f"sequence_parallel: expected true or false, got {value!r}")
+        elif name in TRAINING:
+            flag, low, high = TRAINING[name]
+            value = _override(value, f"{name} ({flag})", lambda v: arg.integer(v, name, low, high))
+        else:
+            raise ValueError(f"unknown keyword {name!r}; known: {', '.join(sorted(TRAINING))}, sequence_parallel")
+        out[name] = value
+    return out
+
+
+def _hf_spec(data: Mapping, path: str, capacity: Any, micro_batches: Any, stages: Any, bucket: Any,
+             reserved: Any, training: dict) -> Spec:
+    for name, value, flag in (("capacity", capacity, "--capacity"), ("micro_batches", micro_batches,
+                                                                     "--micro-batches"),
+                              ("seq", training.get("seq"), "--seq")):
+        if value is None:
+            raise ValueError(f"{path}: a Hugging Face config needs {name} ({flag}): it describes the model, "
+                             "not the device or the training run")
+    reserved = 0.0 if reserved is None else reserved
+    if reserved >= capacity:
+        raise ValueError(f"reserved: {reserved:,.0f} bytes reserved leave nothing of the {capacity:,.0f}-byte capacity")
+    model = hf.model_of(data, path, capacity, micro_batches, reserved, **training)
+    arch = data.get("architectures")
+    name = next((n for n in (data.get("_name_or_path"), arch[0] if isinstance(arch, list) and arch else None)
+                 if isinstance(n, str) and n), os.path.basename(path))
+    return Spec(model, stages, 1, None, MEGABYTE if bucket is None else bucket, path, name[:80])
+
+
 def load_spec(path: str | os.PathLike, *, capacity: Any = None, micro_batches: int | None = None,
-              stages: int | None = None, bucket: Any = None, reserved: Any = None) -> Spec:
-    """Load a spec file or a SAPP-PPB profile; keyword arguments override the file.
+              stages: int | None = None, bucket: Any = None, reserved: Any = None, **training: Any) -> Spec:
+    """Load a spec file, a SAPP-PPB profile or a Hugging Face ``config.json``;
+    keyword arguments override the file.
 
     An override that is wrong is blamed on the keyword (``stages: expected an
     integer >= 1, got 0``), a field of the file on the file and the field.
+    ``training`` (``seq``, ``micro_batch``, ``tensor_parallel``,
+    ``expert_parallel``, ``data_parallel``, ``sequence_parallel``) says how a
+    Hugging Face config is trained (``seq`` required); it is refused for
+    other inputs rather than ignored.
     """
     path = os.fspath(path)
     arg = _Fields("(argument)")
@@ -183,9 +230,17 @@ def load_spec(path: str | os.PathLike, *, capacity: Any = None, micro_batches: i
         micro_batches = _override(micro_batches, "micro_batches", lambda v: arg.integer(v, "micro_batches", 1, MAX_IN_FLIGHT))
     if stages is not None:
         stages = _override(stages, "stages", lambda v: arg.integer(v, "stages", 1, MAX_LAYERS))
+    training = _training(training, arg)
     data = read_document(path)
     f = _Fields(path)
     f.mapping(data, "(top level)")
+    if hf.is_config(data):
+        return _hf_spec(data, path, capacity, micro_batches, stages, bucket, reserved, training)
+    if training:
+        name = sorted(training)[0]
+        flag = TRAINING.get(name, ("--" + name,))[0]
+        raise ValueError(f"{name} ({flag}): applies to Hugging Face config.json files only, "
+                         f"and {path} is a gpuknap spec or a SAPP-PPB profile")
     if "layers_description" in data:  # a SAPP-PPB profile
         if capacity is None or micro_batches is None:
             raise f.fail("(SAPP-PPB profile)", "give the device capacity and micro-batches (--capacity, --micro-batches)")

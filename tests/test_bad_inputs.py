@@ -31,6 +31,8 @@ from test_inputs import EXAMPLES, PACKAGED
 DEMO = os.path.join(EXAMPLES, "demo.json")
 LLAMA = os.path.join(EXAMPLES, "llama2_70b.json")
 GOOD_ROW = "4,5,6,6,6,6,6,6,6,6,7,7,7,7,7,6"
+with open(os.path.join(EXAMPLES, "llama2_7b_config.json")) as _fh:
+    LLAMA_CONFIG = json.load(_fh)
 #: Address-space limit of each CLI run: generous for NumPy, far below what a runaway allocation takes.
 MEMORY_LIMIT = 3 * 2**30
 SECONDS = 15
@@ -256,6 +258,26 @@ CASES = [
               ["kinds.BODY.options[0].memory", "bits"]),
     spec_case("forward 2 MS", edited(lambda d: d["kinds"]["BODY"]["options"][0].update(forward="2 MS")),
               ["kinds.BODY.options[0].forward", "time unit"]),
+    # Hugging Face configs
+    Case("config without --seq", ["best", "{f}", "--capacity", "80GiB", "--micro-batches", "8", "--stages", "4"],
+         ["{f}", "--seq"], {"config.json": text(json.dumps(LLAMA_CONFIG))},
+         lambda p: load_spec(p["config.json"], capacity="80GiB", micro_batches=8)),
+    Case("config of an MoE family", ["best", "{f}", "--capacity", "80GiB", "--micro-batches", "8", "--seq", "4096"],
+         ["{f}", "model_type", "mixture-of-experts"],
+         {"config.json": text(json.dumps({**LLAMA_CONFIG, "model_type": "deepseek_v3"}))},
+         lambda p: load_spec(p["config.json"], capacity="80GiB", micro_batches=8, seq=4096)),
+    Case("config --tp 3", ["best", "{f}", "--capacity", "80GiB", "--micro-batches", "8", "--seq", "4096", "--tp", "3"],
+         ["{f}", "num_attention_heads", "--tp"], {"config.json": text(json.dumps(LLAMA_CONFIG))},
+         lambda p: load_spec(p["config.json"], capacity="80GiB", micro_batches=8, seq=4096, tensor_parallel=3)),
+    Case("config --ep 2 on a dense model", ["best", "{f}", "--capacity", "80GiB", "--micro-batches", "8", "--seq",
+                                            "4096", "--ep", "2"], ["--ep"], {"config.json": text(json.dumps(LLAMA_CONFIG))},
+         lambda p: load_spec(p["config.json"], capacity="80GiB", micro_batches=8, seq=4096, expert_parallel=2)),
+    Case("config with a bad field", ["best", "{f}", "--capacity", "80GiB", "--micro-batches", "8", "--seq", "4096"],
+         ["{f}", "vocab_size"], {"config.json": text(json.dumps({**LLAMA_CONFIG, "vocab_size": -1}))},
+         lambda p: load_spec(p["config.json"], capacity="80GiB", micro_batches=8, seq=4096)),
+    flag_case("--seq on a spec", ["best", DEMO, "--seq", "4096"], ["--seq", "Hugging Face"],
+              lambda p: load_spec(DEMO, seq=4096)),
+    flag_case("--tp 0", ["best", DEMO, "--tp", "0"], ["--tp"]),
     # SAPP-PPB profiles
     Case("sapp without --capacity", ["best", PACKAGED, "--stages", "16"], ["capacity"], {},
          lambda p: load_spec(PACKAGED)),

@@ -1,0 +1,93 @@
+"""Hugging Face config.json files of dense models: the analytic model they give, end to end."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from gpuknap import best_splits
+from gpuknap.analytic import TransformerConfig, transformer_model
+from gpuknap.formats import hf
+from gpuknap.spec import load_spec
+from test_inputs import EXAMPLES
+
+LLAMA7B = os.path.join(EXAMPLES, "llama2_7b_config.json")
+#: Published shapes of two more families (Mistral-7B-v0.1, Qwen2-7B), GQA included.
+FAMILIES = {
+    "mistral": {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "hidden_size": 4096,
+                "intermediate_size": 14336, "num_attention_heads": 32, "num_key_value_heads": 8,
+                "num_hidden_layers": 32, "vocab_size": 32000, "sliding_window": 4096},
+    "qwen2": {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 3584,
+              "intermediate_size": 18944, "num_attention_heads": 28, "num_key_value_heads": 4,
+              "num_hidden_layers": 28, "vocab_size": 152064, "tie_word_embeddings": False},
+}
+
+
+def test_llama_config_gives_the_analytic_model():
+    spec = hf.load(LLAMA7B, capacity="80 GiB", micro_batches=16, stages=4, seq=4096, tensor_parallel=2,
+                   data_parallel=4)
+    want = transformer_model(TransformerConfig(layers=32, hidden=4096, heads=32, kv_heads=32, ffn=11008,
+                                               gated_ffn=True, vocab=32000, seq=4096, tensor_parallel=2,
+                                               data_parallel=4), 80 * 2**30, 16)
+    assert spec.model == want and spec.stages == 4 and spec.name == "LlamaForCausalLM"
+    assert spec.model.kinds[0] == "embedding" and spec.model.kinds[-1] == "output" and spec.model.layers == 34
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_gqa_families_load_and_solve(family, tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(FAMILIES[family]))
+    spec = load_spec(path, capacity="80 GiB", micro_batches=32, stages=4, seq=4096, tensor_parallel=4)
+    data = FAMILIES[family]
+    layer = spec.model.fronts["layer"][0]
+    want = transformer_model(TransformerConfig(
+        layers=data["num_hidden_layers"], hidden=data["hidden_size"], heads=data["num_attention_heads"],
+        kv_heads=data["num_key_value_heads"], ffn=data["intermediate_size"], gated_ffn=True,
+        vocab=data["vocab_size"], seq=4096, tensor_parallel=4), 80 * 2**30, 32).fronts["layer"][0]
+    assert layer == want
+    found = best_splits(spec.model, 4, backend="numpy")
+    assert found and sum(found[0][0]) == data["num_hidden_layers"] + 2
+
+
+def test_cli_runs_a_config_end_to_end():
+    env = {**os.environ, "GPUKNAP_BACKEND": "numpy"}
+    p = subprocess.run([sys.executable, "-m", "gpuknap", "best", LLAMA7B, "--capacity", "80GiB", "--stages", "8",
+                        "--micro-batches", "32", "--seq", "4096", "--tp", "8", "--json"],
+                       capture_output=True, text=True, env=env)
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    spec = hf.load(LLAMA7B, capacity="80GiB", micro_batches=32, stages=8, seq=4096, tensor_parallel=8)
+    want = best_splits(spec.model, 8, backend="numpy")
+    assert out["results"][0]["counts"] == list(want[0][0])
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda d: d.pop("hidden_size"), "hidden_size: missing"),
+    (lambda d: d.update(num_hidden_layers=0), "num_hidden_layers"),
+    (lambda d: d.update(num_key_value_heads=5), "num_key_value_heads"),
+    (lambda d: d.update(model_type="gpt2"), "model_type"),
+    (lambda d: d.update(model_type="mixtral"), "mixture-of-experts"),
+    (lambda d: d.update(intermediate_size="big"), "intermediate_size"),
+])
+def test_bad_configs_name_the_field(tmp_path, edit, words):
+    data = json.load(open(LLAMA7B))
+    edit(data)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=words) as err:
+        hf.load(path, capacity="80GiB", micro_batches=8, seq=2048)
+    assert str(path) in str(err.value)
+
+
+def test_training_sizes_are_checked():
+    with pytest.raises(ValueError, match="tensor-parallel"):
+        hf.load(LLAMA7B, capacity="80GiB", micro_batches=8, seq=2048, tensor_parallel=3)
+    with pytest.raises(ValueError, match="--ep"):
+        hf.load(LLAMA7B, capacity="80GiB", micro_batches=8, seq=2048, expert_parallel=2)
+    with pytest.raises(ValueError, match="--seq"):
+        hf.load(LLAMA7B, capacity="80GiB", micro_batches=8, seq=0)
+    with pytest.raises(ValueError, match="Hugging Face config.json files only"):
+        load_spec(os.path.join(EXAMPLES, "demo.json"), seq=4096)
