@@ -12,7 +12,6 @@ import json
 import math
 import os
 import sys
-import time
 from contextlib import ExitStack
 from importlib import resources
 from typing import Callable, NoReturn, Sequence
@@ -24,7 +23,7 @@ from .backend import get_backend
 from .limits import MAX_TOP, work_limit
 from .model import MAX_IN_FLIGHT, MAX_LAYERS
 from .options import FrontTable
-from .progress import reporting
+from .progress import Bar, reporting
 from .report import (JSON_VERSION, format_split, plot_curve, plot_scores, plot_splits, require_matplotlib,
                      split_record)
 from .search import SCORES, best_splits, coverage
@@ -47,33 +46,6 @@ class BadInput(ValueError):
 def default_example() -> str:
     """The shipped example run by ``gpuknap best`` without a SPEC."""
     return str(resources.files("gpuknap") / "examples" / "demo.json")
-
-
-class Progress:
-    """A one-line progress bar on stderr, shown only on a terminal and without --quiet.
-
-    Used as the callback of :func:`gpuknap.progress.reporting`: each phase
-    (segments, DP passes, bottlenecks, plans) redraws the bar, at most ten
-    times a second."""
-
-    def __init__(self, quiet: bool):
-        self.on = not quiet and sys.stderr.isatty()
-        self.start = self.drawn = time.perf_counter()
-        self.shown = False
-
-    def __call__(self, stage: str, done: int, total: int) -> None:
-        now = time.perf_counter()
-        if not self.on or (now - self.drawn < 0.1 and done < total):
-            return
-        self.drawn, self.shown = now, True
-        filled = int(30 * done / max(total, 1))
-        sys.stderr.write(f"\r{stage:>12} [{'#' * filled}{'.' * (30 - filled)}] {100 * done / max(total, 1):5.1f}% "
-                         f"{now - self.start:6.1f}s")
-        sys.stderr.flush()
-
-    def close(self) -> None:
-        if self.shown:
-            sys.stderr.write("\n")
 
 
 # ---- flag types: each refusal names the flag -----------------------------------------------
@@ -351,7 +323,7 @@ def _check_outputs(args: argparse.Namespace) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     _check_outputs(args)
-    bar = Progress(args.quiet)
+    bar = Bar(args.quiet)
     with ExitStack() as stack:
         stack.enter_context(reporting(bar))
         if args.max_work is not None:
