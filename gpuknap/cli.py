@@ -18,7 +18,8 @@ from typing import Callable, NoReturn, Sequence
 
 import numpy as np
 
-from . import __version__
+from . import __version__, formats
+from .formats import framework
 from .backend import get_backend
 from .limits import MAX_TOP, work_limit
 from .model import MAX_IN_FLIGHT, MAX_LAYERS
@@ -135,8 +136,11 @@ def cmd_best(args: argparse.Namespace) -> int:
         raise BadInput(f"{spec.source}: pipeline.interleave: best searches plain 1F1B pipelines; "
                        "use 'rank' for interleaved splits")
     backend = get_backend(args.backend)
-    found = best_splits(spec.model, stages, args.top, args.score, spec.bucket, backend, spec.in_flight,
-                        _max_bytes(args), bound=args.bound)
+    model = spec.model
+    if args.emit in formats.EMITTERS:  # search among the plans the framework can run
+        model = formats.restrict(model, args.emit)
+    found = best_splits(model, stages, args.top, args.score, spec.bucket, backend, spec.in_flight,
+                        _max_bytes(args), bound=args.bound, exclusive=formats.EXCLUSIVE.get(args.emit, ()))
     records = [split_record(spec.model, f[0], f[2], args.score, f[1], spec.in_flight,
                             lower_bound=f[3] if args.bound else None, bucket=spec.bucket) for f in found]
     payload = {**_header("best", spec, backend.name), "stages": stages, "score": args.score,
@@ -151,6 +155,8 @@ def cmd_best(args: argparse.Namespace) -> int:
         _emit(args, payload, f"no feasible split of {spec.name} into {stages} stages fits the device memory{why}")
         return EXIT_INFEASIBLE
     text = "\n\n".join(format_split(r, f"#{i + 1} of {spec.name}, {stages} stages") for i, r in enumerate(records))
+    if args.emit in formats.EMITTERS:  # the best split's settings, in place of the tables
+        text = formats.emit(args.emit, model, found[0][0], found[0][2], spec.name, found[0][1], spec.in_flight)
     if args.plot:
         plot_splits(records, args.plot)
     _emit(args, payload, text)
@@ -159,6 +165,12 @@ def cmd_best(args: argparse.Namespace) -> int:
 
 def cmd_rank(args: argparse.Namespace) -> int:
     spec = _spec(args, args.spec)
+    if (args.splits is None) == (args.settings is None):
+        raise BadInput("--splits or --from: give one (a file of splits, or a framework's settings to score)")
+    if args.settings is not None:
+        if args.out or args.plot:
+            raise BadInput(f"{'--out' if args.out else '--plot'}: applies to --splits, not --from")
+        return _rank_settings(args, spec)
     sf = read_splits(args.splits)
     splits = sf.counts
     width = splits.shape[1]
@@ -200,6 +212,24 @@ def cmd_rank(args: argparse.Namespace) -> int:
             + "\n\n" + format_split(record, f"best: row {best_i}" + (f" ({sf.label(best_i)})" if sf.lines else "")))
     _emit(args, payload, text)
     return EXIT_OK
+
+
+def _rank_settings(args: argparse.Namespace, spec: Spec) -> int:
+    """Score a framework's settings on the model: its split with the recompute it sets."""
+    settings = formats.read_settings(args.settings)
+    try:
+        counts, names = settings.split(spec.model)
+        ev = framework.evaluate(spec.model, counts, names, spec.in_flight, settings.chunks)
+    except ValueError as exc:
+        raise BadInput(f"{args.settings}: {exc}") from None
+    record = split_record(spec.model, counts, ev.choice, "slowest", ev.slowest, spec.in_flight, settings.chunks)
+    over = [s for s, (m, b) in enumerate(zip(ev.memory, ev.budgets)) if m > b]
+    payload = {**_header("rank", spec, "numpy"), "from": args.settings, "feasible": not over,
+               "over_budget_stages": over, "best": record}
+    verdict = ("fit every stage's budget" if not over else
+               f"EXCEED the memory budget of stage(s) {', '.join(map(str, over))}")
+    _emit(args, payload, format_split(record, f"settings of {args.settings}") + f"\nthese settings {verdict}")
+    return EXIT_OK if not over else EXIT_INFEASIBLE
 
 
 def _counts(text: str) -> list[int]:
@@ -293,12 +323,16 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--stages", type=_integer("--stages", 1, MAX_LAYERS), help="pipeline stages (overrides the spec)")
     b.add_argument("--top", type=_integer("--top", 1, MAX_TOP), default=1, help=f"how many splits (default 1, at most {MAX_TOP})")
     b.add_argument("--score", choices=SCORES, default="slowest", help="slowest stage or 1F1B iteration time")
+    b.add_argument("--emit", choices=("json", *formats.EMITTERS),
+                   help="print the best split as settings for a training framework (or the JSON)")
     b.add_argument("--bound", action="store_true",
                    help="also certify the bucketing: a lower bound on the score with exact bytes (one more search)")
     b.set_defaults(func=cmd_best)
     r = sub.add_parser("rank", parents=[common], help="score every split in a file")
     r.add_argument("spec")
-    r.add_argument("--splits", required=True, help="CSV or .npy of layer counts, one split per row")
+    r.add_argument("--splits", help="CSV or .npy of layer counts, one split per row")
+    r.add_argument("--from", dest="settings", metavar="FILE",
+                   help="score a framework's settings instead (a MindFormers YAML)")
     r.add_argument("--out", help="write every score (.npy, else CSV)")
     r.set_defaults(func=cmd_rank)
     c = sub.add_parser("curve", parents=[common], help="a stage's least time against its memory budget")
@@ -322,6 +356,8 @@ def _check_outputs(args: argparse.Namespace) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if getattr(args, "emit", None) == "json":
+        args.json = True
     _check_outputs(args)
     bar = Bar(args.quiet)
     with ExitStack() as stack:

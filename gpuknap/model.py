@@ -182,16 +182,21 @@ class PipelineModel:
         """
         stages = self.stages(counts, in_flight, chunks)
         choice = pp_lite(stages, self.fronts, MEGABYTE if bucket is None else bucket)
-        if choice is None:
-            return None
-        p = len(stages)
+        return None if choice is None else self.option_names(counts, choice, in_flight, chunks)
+
+    def option_names(self, counts: Sequence[int], choice: Any, in_flight: Any = None,
+                     chunks: int = 1) -> list[str]:
+        """Every layer's option name in model order for a solved split (``choice`` a
+        PipelineChoice of ``self.stages(counts, in_flight, chunks)``); within a stage
+        (chunk), a kind's layers take its chosen options slowest first."""
+        p = len(counts) // chunks
         queues: dict[tuple, list] = {}
         for s, sc in enumerate(choice.stages):
             for a in sc.assignments:
                 key = (s, a.layers.kind, a.layers.in_flight)
                 queues.setdefault(key, []).extend([getattr(a.option, "name", str(a.option))] * a.count)
         table = self.in_flight_table(p, chunks, in_flight)
-        names: list[str | None] = []
+        names: list[str] = []
         bounds = np.concatenate(([0], np.cumsum(counts))).tolist()
         for c in range(chunks):
             for s in range(p):

@@ -36,6 +36,7 @@ from .engine import check_max_bytes
 from .limits import MAX_TOP
 from .model import PipelineModel
 from .options import MEGABYTE, check_bucket, check_int
+from .results import PipelineChoice
 from .search_1f1b import top_1f1b
 from .segments import SegmentTable, coverage, segment_table  # noqa: F401 (coverage: part of the API here)
 from .progress import report
@@ -126,7 +127,7 @@ def _search(T: SegmentTable, top: int, score: str, micro_batches: int, stages: i
 
 def best_splits(model: PipelineModel, stages: int, top: int = 1, score: str = "slowest",
                 bucket: float = MEGABYTE, backend: Any = "auto", in_flight: Any = None,
-                max_bytes: int | None = None, bound: bool = False) -> list[tuple]:
+                max_bytes: int | None = None, bound: bool = False, exclusive: Any = ()) -> list[tuple]:
     """The exact ``top`` splits of ``model`` into ``stages`` stages, best first.
 
     Each entry is ``(counts, score, PipelineChoice)``; ties by counts in
@@ -138,6 +139,11 @@ def best_splits(model: PipelineModel, stages: int, top: int = 1, score: str = "s
     scores no less in that relaxation than with exact bytes, so the i-th best
     split with exact bytes (no bucketing at all) scores at least
     ``lower_bound``: the gap to ``score`` is the most a finer bucket could gain.
+
+    ``exclusive`` lists pairs of option names that may not both appear in one
+    stage (MindFormers applies select and comm recompute to the first layers
+    of a stage, so it cannot run ``SLCT`` and ``COMM`` layers side by side):
+    every stage then takes the better of its choices without each name.
     """
     if not isinstance(model, PipelineModel):
         raise ValueError(f"model must be a PipelineModel, got {type(model).__name__}")
@@ -153,17 +159,46 @@ def best_splits(model: PipelineModel, stages: int, top: int = 1, score: str = "s
     if max_bytes is not None:
         check_max_bytes(max_bytes)
     model.in_flight_table(int(stages), 1, in_flight)
-    T = segment_table(model, int(stages), bucket, backend, in_flight, max_bytes)
-    found = _search(T, int(top), score, model.micro_batches, int(stages))
+    variants = _variants(model, exclusive)
+
+    def table(relaxed: bool) -> SegmentTable:
+        tables = [segment_table(v, int(stages), bucket, backend, in_flight, max_bytes, relaxed) for v in variants]
+        if len(tables) == 1:
+            return tables[0]
+        width = max(t.width for t in tables)  # bands of the variants, padded to one width, then the least
+        return SegmentTable(np.minimum.reduce([np.pad(t.band, ((0, 0), (0, 0), (0, width - t.width)),
+                                                      constant_values=np.inf) for t in tables]))
+
+    found = _search(table(False), int(top), score, model.micro_batches, int(stages))
     bounds: list[float] = []
     if bound and found:
-        relaxed = segment_table(model, int(stages), bucket, backend, in_flight, max_bytes, relaxed=True)
-        bounds = [value for _, value in _search(relaxed, len(found), score, model.micro_batches, int(stages))]
+        bounds = [value for _, value in _search(table(True), len(found), score, model.micro_batches, int(stages))]
     out = []
-    plan = Planner(model.fronts, bucket)  # the top k share most of their stages: each solved once
+    plans = [Planner(v.fronts, bucket) for v in variants]  # the top k share most stages: each solved once
     for i, (counts, value) in enumerate(found):
-        choice = plan(model.stages(list(counts), in_flight))
+        choices = []
+        for stage in model.stages(list(counts), in_flight):  # per stage, the variant that is fastest
+            solved = [c for c in (plan.stage(stage) for plan in plans) if c is not None]
+            choices.append(min(solved, key=lambda c: c.time))
+        choice = PipelineChoice(tuple(choices), tuple(c.time for c in choices))
         entry = (tuple(int(c) for c in counts), float(value), choice)
         out.append(entry + (float(bounds[i]),) if bound else entry)
         report("plans", i + 1, len(found))
     return out
+
+
+def _variants(model: PipelineModel, exclusive: Any) -> list[PipelineModel]:
+    """The model once per way to keep every pair of ``exclusive`` option names apart
+    (each pair: one model without the first name, one without the second)."""
+    if exclusive is None or exclusive == ():
+        return [model]
+    if isinstance(exclusive, (str, bytes)) or not all(
+            isinstance(pair, (tuple, list)) and len(pair) == 2 and all(isinstance(n, str) for n in pair)
+            for pair in exclusive):
+        raise ValueError(f"exclusive must be pairs of option names, got {exclusive!r}")
+    fronts_list = [dict(model.fronts)]
+    for first, second in exclusive:
+        fronts_list = [{kind: [o for o in fronts[kind] if getattr(o, "name", None) != drop] for kind in fronts}
+                       for fronts in fronts_list for drop in (first, second)]
+    return [PipelineModel(model.kinds, fronts, model.static, model.capacity, model.micro_batches, model.reserved)
+            for fronts in fronts_list if all(fronts[k] for k in model.kind_order)]

@@ -238,18 +238,23 @@ class Planner:
                 self.table.get(g.kind, g.in_flight)
         choices, times = [], []
         for stage in stages:
-            key = (stage.groups, stage.budget)
-            try:
-                choice = self._cache[key]
-            except KeyError:
-                choice = self._cache[key] = _choose(self.table, stage.groups, stage.budget)
-            except TypeError:  # unhashable groups: solve without the cache
-                choice = _choose(self.table, stage.groups, stage.budget)
+            choice = self.stage(stage)
             if choice is None:
                 return None
             choices.append(choice)
             times.append(choice.time + stage.fixed_time)
         return PipelineChoice(tuple(choices), tuple(times))
+
+    def stage(self, stage: Stage) -> StageChoice | None:
+        """The choice of one (validated) stage, solved once per distinct groups and budget."""
+        key = (stage.groups, stage.budget)
+        try:
+            return self._cache[key]
+        except KeyError:
+            choice = self._cache[key] = _choose(self.table, stage.groups, stage.budget)
+            return choice
+        except TypeError:  # unhashable groups: solve without the cache
+            return _choose(self.table, stage.groups, stage.budget)
 
 
 def pp_lite(stages: Sequence[Stage], fronts: Fronts, bucket: float = MEGABYTE) -> PipelineChoice | None:

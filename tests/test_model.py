@@ -291,3 +291,34 @@ def test_interleaved_model_rank_equals_pp_lite_per_row(seed):
         assert r.slowest[i] == (math.inf if want is None else want.slowest)
         assert r.times(i) == (None if want is None else list(want.times))
         assert r.choice(i) == want
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_exclusive_options_never_share_a_stage_and_the_search_stays_exact(seed):
+    """best_splits(exclusive=[("SLCT", "COMM")]) equals brute force over every split where
+    each stage is the better of its choices without SLCT and without COMM."""
+    rng = random.Random(2000 + seed)
+    names = ["NONE", "SLCT", "COMM", "BOTH", "FULL"]
+    fr = {kd: [LayerOption(n, rng.randint(0, 12), rng.randint(1, 9) / 2, rng.randint(0, 12) / 4)
+               for n in rng.sample(names, rng.randint(2, 5))] for kd in ("a", "b")}
+    model = PipelineModel([rng.choice("ab") for _ in range(rng.randint(3, 9))], fr,
+                          {"a": rng.randint(0, 4), "b": rng.randint(0, 4)}, rng.randint(30, 80), rng.randint(1, 4))
+    p = rng.randint(1, min(3, model.layers))
+    without = [{k: [o for o in v if o.name != drop] for k, v in fr.items()} for drop in ("SLCT", "COMM")]
+    for score in ("slowest", "1f1b"):
+        found = []
+        for counts in compositions(model.layers, p):
+            times = []
+            for st in model.stages(counts):
+                ts = [pp_lite([st], f, 1) for f in without if all(f.values())]
+                ts = [c.times[0] for c in ts if c is not None]
+                times.append(min(ts) if ts else math.inf)
+            if all(map(math.isfinite, times)):
+                found.append((exact_score(times, score, model.micro_batches), counts))
+        want = [(float(s), c) for s, c in sorted(found)][:3]
+        got = best_splits(model, p, 3, score, 1, backend="numpy", exclusive=[("SLCT", "COMM")])
+        assert [(s, c) for c, s, _ in got] == want
+        for _, _, choice in got:
+            for sc in choice.stages:
+                used = {a.option.name for a in sc.assignments}
+                assert not {"SLCT", "COMM"} <= used

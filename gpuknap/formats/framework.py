@@ -1,0 +1,145 @@
+"""A solved split as training frameworks see it, and settings scored back on a model.
+
+Frameworks place an embedding (``E``), decoder layers (``t``) and a loss or
+output head (``L``) on pipeline stages, and set recompute per decoder layer.
+A model's kind plays the embedding when its only option is named ``HEAD``
+(SAPP-PPB HEAD entries, the analytic ``embedding``), the loss when it is
+``TAIL``; every other kind is a decoder layer.  The embedding must be the
+model's first layer and the loss its last.
+
+:class:`FrameworkPlan` holds, per (chunk, stage) in chunk-major order, the
+roles of its layers and how many of its decoder layers run each option;
+:func:`evaluate` scores a split whose every layer's option is given (settings
+read from a framework's file) on the model, stage by stage, in exact bytes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..options import Layers
+from ..results import Assignment, PipelineChoice, StageChoice
+
+EMBEDDING, DECODER, LOSS = "E", "t", "L"
+
+
+def roles(model: Any) -> list[str]:
+    """``E``, ``t`` or ``L`` per layer (see the module docstring); ValueError if misplaced."""
+    role_of = {}
+    for kind in model.kind_order:
+        names = [getattr(o, "name", None) for o in model.fronts[kind]]
+        role_of[kind] = EMBEDDING if names == ["HEAD"] else LOSS if names == ["TAIL"] else DECODER
+    out = [role_of[k] for k in model.kinds]
+    for i, r in enumerate(out):
+        if r == EMBEDDING and i != 0:
+            raise ValueError(f"layer {i} is an embedding (kind {model.kinds[i]!r}) but not the model's first layer")
+        if r == LOSS and i != len(out) - 1:
+            raise ValueError(f"layer {i} is a loss/output layer (kind {model.kinds[i]!r}) but not the model's last")
+    return out
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One (chunk, stage): its layers' roles in order and its decoder layers' option counts."""
+
+    roles: str
+    options: tuple  # ((option name, count), ...) over decoder layers, in order of first use
+
+    @property
+    def decoders(self) -> int:
+        return self.roles.count(DECODER)
+
+    def count(self, name: str) -> int:
+        return dict(self.options).get(name, 0)
+
+
+@dataclass(frozen=True)
+class FrameworkPlan:
+    """A split for a framework: ``stages`` x ``chunks`` segments, chunk-major, and its score."""
+
+    name: str
+    stages: int
+    chunks: int
+    segments: tuple
+    score: float | None = None
+
+    @property
+    def decoder_layers(self) -> int:
+        return sum(seg.decoders for seg in self.segments)
+
+    def segment(self, chunk: int, stage: int) -> Segment:
+        return self.segments[chunk * self.stages + stage]
+
+    def option_names(self) -> set:
+        return {name for seg in self.segments for name, _ in seg.options}
+
+
+def framework_plan(model: Any, counts: Sequence[int], names: Sequence[str], chunks: int = 1, name: str = "",
+                   score: float | None = None) -> FrameworkPlan:
+    """The :class:`FrameworkPlan` of a split whose layers run ``names`` (model order)."""
+    role = roles(model)
+    bounds = np.concatenate(([0], np.cumsum(counts))).tolist()
+    segments = []
+    for i in range(len(counts)):
+        layers = range(bounds[i], bounds[i + 1])
+        used: dict[str, int] = {}
+        for j in layers:
+            if role[j] == DECODER:
+                used[names[j]] = used.get(names[j], 0) + 1
+        segments.append(Segment("".join(role[j] for j in layers), tuple(used.items())))
+    return FrameworkPlan(name, len(counts) // chunks, chunks, tuple(segments), score)
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Settings scored on a model: per stage its time, exact bytes and budget, and the
+    same as a :class:`PipelineChoice` (for the reports)."""
+
+    counts: tuple
+    times: tuple
+    memory: tuple
+    budgets: tuple
+    choice: Any
+
+    @property
+    def feasible(self) -> bool:
+        return all(m <= b for m, b in zip(self.memory, self.budgets))
+
+    @property
+    def slowest(self) -> float:
+        return max(self.times)
+
+
+def evaluate(model: Any, counts: Sequence[int], names: Sequence[str], in_flight: Any = None,
+             chunks: int = 1) -> Evaluation:
+    """Score a split whose every layer runs the option named ``names[i]``: stage times and
+    exact bytes against each stage's budget (ValueError for an option a kind lacks)."""
+    counts = model.check_counts(counts, chunks)
+    p = len(counts) // chunks
+    table = model.in_flight_table(p, chunks, in_flight)
+    bounds = np.concatenate(([0], np.cumsum(counts))).tolist()
+    times, memory = [0.0] * p, [0.0] * p
+    used: list[dict] = [{} for _ in range(p)]
+    for c in range(chunks):
+        for s in range(p):
+            i = c * p + s
+            for layer in range(bounds[i], bounds[i + 1]):
+                kind = model.kinds[layer]
+                option = next((o for o in model.fronts[kind] if getattr(o, "name", None) == names[layer]), None)
+                if option is None:
+                    raise ValueError(f"layer {layer} (kind {kind!r}, stage {s}) has no option named "
+                                     f"{names[layer]!r}; its options: "
+                                     f"{[getattr(o, 'name', o) for o in model.fronts[kind]]}")
+                times[s] += option.forward_time + option.backward_time
+                memory[s] += option.memory(table[s][c])
+                key = (kind, table[s][c], names[layer])
+                used[s][key] = (option, used[s].get(key, (option, 0))[1] + 1)
+    stages = []
+    for s in range(p):
+        assignments = tuple(Assignment(Layers(kind, n, k), option, n) for (kind, k, _), (option, n) in used[s].items())
+        stages.append(StageChoice(assignments, memory[s], times[s]))
+    budgets = [st.budget for st in model.stages(counts, in_flight, chunks)]
+    return Evaluation(tuple(counts), tuple(times), tuple(memory), tuple(budgets),
+                      PipelineChoice(tuple(stages), tuple(times)))
