@@ -107,7 +107,7 @@ def backend_rows(backends: list[str], rows: int) -> None:
     from gpuknap import best_splits
     from _scale import CASES, scale_model
 
-    print(f"\n| L | options | P | " + " | ".join(f"{b}: slowest (s) | {b}: 1f1b (s)" for b in backends)
+    print("\n| L | options | P | " + " | ".join(f"{b}: slowest (s) | {b}: 1f1b (s)" for b in backends)
           + " | same answers |")
     print("|---:|---:|---:|" + "---:|---:|" * len(backends) + ":---:|")
     for layers, options, stages, capacity in CASES[:rows]:

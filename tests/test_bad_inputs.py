@@ -286,6 +286,13 @@ CASES = [
     flag_case("--seq on a spec", ["best", DEMO, "--seq", "4096"], ["--seq", "Hugging Face"],
               lambda p: load_spec(DEMO, seq=4096)),
     flag_case("--tp 0", ["best", DEMO, "--tp", "0"], ["--tp"]),
+    # training settings
+    flag_case("--emit bogus", ["best", "--emit", "bogus"], ["--emit"]),
+    flag_case("rank with neither --splits nor --from", ["rank", DEMO], ["--splits or --from"]),
+    Case("rank --from with --plot", ["rank", DEMO, "--from", "{f}", "--plot", "p.png"], ["--plot", "--from"],
+         {"mf.yaml": text("parallel_config: {pipeline_stage: 16}\nmodel: {model_config: {num_layers: 96}}\n")}),
+    Case("rank --from a file of garbage", ["rank", DEMO, "--from", "{f}"], ["{f}", "pipeline_stage"],
+         {"mf.yaml": text("just: text\n")}),
     # SAPP-PPB profiles
     Case("sapp without --capacity", ["best", PACKAGED, "--stages", "16"], ["capacity"], {},
          lambda p: load_spec(PACKAGED)),

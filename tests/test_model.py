@@ -309,8 +309,8 @@ def test_exclusive_options_never_share_a_stage_and_the_search_stays_exact(seed):
         found = []
         for counts in compositions(model.layers, p):
             times = []
-            for st in model.stages(counts):
-                ts = [pp_lite([st], f, 1) for f in without if all(f.values())]
+            for stage in model.stages(counts):
+                ts = [pp_lite([stage], f, 1) for f in without if all(f.values())]
                 ts = [c.times[0] for c in ts if c is not None]
                 times.append(min(ts) if ts else math.inf)
             if all(map(math.isfinite, times)):

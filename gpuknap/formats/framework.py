@@ -143,3 +143,26 @@ def evaluate(model: Any, counts: Sequence[int], names: Sequence[str], in_flight:
     budgets = [st.budget for st in model.stages(counts, in_flight, chunks)]
     return Evaluation(tuple(counts), tuple(times), tuple(memory), tuple(budgets),
                       PipelineChoice(tuple(stages), tuple(times)))
+
+
+def mismatches(model: Any, counts: Sequence[int], plan_names: Sequence[str], names: Sequence[str],
+               chunks: int = 1) -> list[tuple]:
+    """Where running ``names`` differs from the plan ``plan_names``: ``(chunk, stage, wanted, got)``
+    per segment whose layers, taken kind by kind, run other options (order within a kind is free)."""
+    out = []
+    bounds = np.concatenate(([0], np.cumsum(counts))).tolist()
+    p = len(counts) // chunks
+    for i in range(len(counts)):
+        layers = range(bounds[i], bounds[i + 1])
+        want = sorted((str(model.kinds[j]), plan_names[j]) for j in layers)
+        got = sorted((str(model.kinds[j]), names[j]) for j in layers)
+        if want != got:
+            out.append((i // p, i % p, _show(want), _show(got)))
+    return out
+
+
+def _show(pairs: list) -> str:
+    seen: dict = {}
+    for pair in pairs:
+        seen[pair] = seen.get(pair, 0) + 1
+    return " ".join(f"{kind}/{name}x{n}" for (kind, name), n in seen.items())

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..documents import read_text
-from .framework import DECODER, EMBEDDING, LOSS, FrameworkPlan, evaluate, roles
+from .framework import DECODER, EMBEDDING, LOSS, FrameworkPlan, evaluate, mismatches, roles
 
 #: Selective modules per option name.
 MODULES = {"NONE": frozenset(), "SLCT": frozenset({"core_attn"}), "MOEACT": frozenset({"moe_act"}),
@@ -137,34 +137,21 @@ def candidates(plan: FrameworkPlan) -> list[Settings]:
     return out
 
 
-def _option_counts(settings: Settings, model: Any) -> list[dict]:
-    counts, names = settings.split(model)
-    out, layer = [], 0
-    for n, seg in zip(counts, settings.segments):
-        used: dict[str, int] = {}
-        for symbol in seg:
-            if symbol == DECODER:
-                used[names[layer]] = used.get(names[layer], 0) + 1
-            layer += 1
-        out.append(used)
-    return out
-
-
-def dump(plan: FrameworkPlan, model: Any, in_flight: Any = None) -> str:
-    """The Megatron flags of a plan of ``model``: the setting that runs it exactly, else the
-    closest one (fitting every stage's memory, then fastest), with a comment per stage."""
+def dump(plan: FrameworkPlan, model: Any, plan_names: Any, in_flight: Any = None) -> str:
+    """The Megatron flags of a plan of ``model`` (``plan_names``: each layer's option): the setting
+    that runs it exactly, else the closest one (fitting every stage's memory, then fastest), with
+    a comment per stage."""
     lines = [f"# gpuknap plan for {plan.name}: {plan.stages} pipeline stages"
              + (f" x {plan.chunks} virtual stages" if plan.chunks > 1 else "")
              + f", {plan.decoder_layers} decoder layers (--num-layers {plan.decoder_layers})"
              + (f", score {plan.score:.6g}" if plan.score is not None else "")]
-    wanted = [dict(seg.options) for seg in plan.segments]
     scored = []
     for option in candidates(plan):
         try:
-            if _option_counts(option, model) == wanted:  # runs the plan exactly
+            counts, names = option.split(model)
+            if not mismatches(model, counts, plan_names, names, option.chunks):  # runs the plan exactly
                 scored = [(False, 0.0, option, None)]
                 break
-            counts, names = option.split(model)
             ev = evaluate(model, counts, names, in_flight, option.chunks)
         except ValueError:  # the model has no option for this setting
             continue
