@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 from contextlib import ExitStack
 from importlib import resources
-from typing import Callable, NoReturn, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from . import __version__, formats
+from .flags import EXIT_BAD_INPUT, Parser, cells, integer, size
 from .formats import framework
 from .backend import get_backend
 from .limits import MAX_TOP, work_limit
@@ -31,9 +31,8 @@ from .search import SCORES, best_splits, coverage
 from .spec import Spec, load_spec
 from .splitfiles import PLOT_SUFFIXES, check_output, read_splits, write_scores
 from .stage import least_times
-from .units import parse_quantity
 
-EXIT_OK, EXIT_INFEASIBLE, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
+EXIT_OK, EXIT_INFEASIBLE, EXIT_INTERNAL = 0, 1, 3
 #: Rows of a splits file scored per block (bounds memory; one progress step each).
 RANK_BLOCK = 250_000
 #: Most budgets ``curve --points`` evaluates.
@@ -49,49 +48,6 @@ def default_example() -> str:
     return str(resources.files("gpuknap") / "examples" / "demo.json")
 
 
-# ---- flag types: each refusal names the flag -----------------------------------------------
-
-def _integer(flag: str, low: int, high: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text[:40]!r}") from None
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"expected an integer from {low} to {high:,}, got {text}")
-        return value
-    return parse
-
-
-def _bytes(flag: str) -> Callable[[str], float]:
-    def parse(text: str) -> float:
-        try:
-            value = parse_quantity(text, "bytes", flag)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc).split(": ", 1)[-1]) from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"expected a positive size, e.g. '80 GiB', got {text!r}")
-        return value
-    return parse
-
-
-def _cells(text: str) -> int:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of DP cells (e.g. 5e10), got {text[:40]!r}") from None
-    if not 1 <= value < math.inf:
-        raise argparse.ArgumentTypeError(f"expected a positive number of DP cells, got {text!r}")
-    return int(value)
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse with one-line errors (exit 2), as every other refusal."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_BAD_INPUT, f"gpuknap: error: {message}\n")
-
-
 # ---- commands -------------------------------------------------------------------------------
 
 def _spec(args: argparse.Namespace, path: str | None) -> Spec:
@@ -101,7 +57,7 @@ def _spec(args: argparse.Namespace, path: str | None) -> Spec:
                      data_parallel=args.dp)
 
 
-def _max_bytes(args: argparse.Namespace) -> int | None:
+def _maxsize(args: argparse.Namespace) -> int | None:
     return None if args.max_memory is None else int(args.max_memory)
 
 
@@ -138,9 +94,12 @@ def cmd_best(args: argparse.Namespace) -> int:
     backend = get_backend(args.backend)
     model = spec.model
     if args.emit in formats.EMITTERS:  # search among the plans the framework can run
-        model = formats.restrict(model, args.emit)
+        try:
+            model = formats.restrict(model, args.emit)
+        except ValueError as exc:
+            raise BadInput(f"--emit {args.emit}: {spec.source}: {exc}") from None
     found = best_splits(model, stages, args.top, args.score, spec.bucket, backend, spec.in_flight,
-                        _max_bytes(args), bound=args.bound, exclusive=formats.EXCLUSIVE.get(args.emit, ()))
+                        _maxsize(args), bound=args.bound, exclusive=formats.EXCLUSIVE.get(args.emit, ()))
     records = [split_record(spec.model, f[0], f[2], args.score, f[1], spec.in_flight,
                             lower_bound=f[3] if args.bound else None, bucket=spec.bucket) for f in found]
     payload = {**_header("best", spec, backend.name), "stages": stages, "score": args.score,
@@ -156,7 +115,10 @@ def cmd_best(args: argparse.Namespace) -> int:
         return EXIT_INFEASIBLE
     text = "\n\n".join(format_split(r, f"#{i + 1} of {spec.name}, {stages} stages") for i, r in enumerate(records))
     if args.emit in formats.EMITTERS:  # the best split's settings, in place of the tables
-        text = formats.emit(args.emit, model, found[0][0], found[0][2], spec.name, found[0][1], spec.in_flight)
+        try:
+            text = formats.emit(args.emit, model, found[0][0], found[0][2], spec.name, found[0][1], spec.in_flight)
+        except ValueError as exc:
+            raise BadInput(f"--emit {args.emit}: {spec.source}: {exc}") from None
     if args.plot:
         plot_splits(records, args.plot)
     _emit(args, payload, text)
@@ -189,7 +151,7 @@ def cmd_rank(args: argparse.Namespace) -> int:
     best_i, best_choice = -1, None
     for lo in range(0, len(splits), RANK_BLOCK):
         r = spec.model.rank(splits[lo:lo + RANK_BLOCK], spec.bucket, backend, spec.in_flight, spec.chunks,
-                            _max_bytes(args))
+                            _maxsize(args))
         slowest[lo:lo + RANK_BLOCK] = r.slowest
         j = int(r.order[0])
         if np.isfinite(r.slowest[j]) and (best_i < 0 or r.slowest[j] < slowest[best_i]):
@@ -253,7 +215,7 @@ def cmd_curve(args: argparse.Namespace) -> int:
             raise BadInput(f"--counts: {exc}") from None
     else:
         stages = _stages(args, spec)
-        found = best_splits(spec.model, stages, 1, "slowest", spec.bucket, backend, spec.in_flight, _max_bytes(args))
+        found = best_splits(spec.model, stages, 1, "slowest", spec.bucket, backend, spec.in_flight, _maxsize(args))
         if not found:
             print(f"no feasible split of {spec.name} into {stages} stages", file=sys.stderr)
             return EXIT_INFEASIBLE
@@ -290,14 +252,14 @@ def cmd_curve(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    common = _Parser(add_help=False)
+    common = Parser(add_help=False)
     common.add_argument("--backend", default="auto", choices=["auto", "numpy", "cupy"],
                         help="array backend (default auto: CuPy when a GPU is present; env GPUKNAP_BACKEND)")
-    common.add_argument("--bucket", type=_bytes("--bucket"),
+    common.add_argument("--bucket", type=size("--bucket"),
                         help="memory bucket, e.g. '1 MiB' (default: the spec's, else 1 MiB)")
-    common.add_argument("--capacity", type=_bytes("--capacity"),
+    common.add_argument("--capacity", type=size("--capacity"),
                         help="device memory, e.g. '80 GiB' (overrides the spec; needed for SAPP-PPB)")
-    common.add_argument("--micro-batches", type=_integer("--micro-batches", 1, MAX_IN_FLIGHT),
+    common.add_argument("--micro-batches", type=integer("--micro-batches", 1, MAX_IN_FLIGHT),
                         help="micro-batches per iteration (overrides the spec)")
     for flag, (name, high, what) in {"--seq": ("seq", 10**7, "sequence length"),
                                       "--micro-batch-size": ("micro_batch", 10**6, "samples per micro-batch"),
@@ -305,23 +267,23 @@ def build_parser() -> argparse.ArgumentParser:
                                       "--ep": ("expert_parallel", 4096, "expert-parallel size"),
                                       "--dp": ("data_parallel", 10**6, "data-parallel size (shards the optimizer)"),
                                       }.items():
-        common.add_argument(flag, type=_integer(flag, 1, high), metavar="N",
+        common.add_argument(flag, type=integer(flag, 1, high), metavar="N",
                             help=f"{what}, for a Hugging Face config.json")
-    common.add_argument("--max-memory", type=_bytes("--max-memory"), metavar="SIZE",
+    common.add_argument("--max-memory", type=size("--max-memory"), metavar="SIZE",
                         help="working memory the DP may use, e.g. '8 GiB' (default: a quarter of free RAM, "
                              "at most 2 GiB; half the free GPU memory)")
-    common.add_argument("--max-work", type=_cells, metavar="CELLS",
+    common.add_argument("--max-work", type=cells, metavar="CELLS",
                         help="refuse jobs estimated above this many DP cells (default 1e10, about a minute of NumPy)")
     common.add_argument("--json", action="store_true", help="print the stable JSON (docs/json.md) instead of tables")
     common.add_argument("--plot", metavar="FILE", help="save a plot (.png, .pdf or .svg; needs matplotlib)")
     common.add_argument("--quiet", action="store_true", help="no progress bar")
-    p = _Parser(prog="gpuknap", description="Exact recompute-option knapsacks for pipeline splits.")
+    p = Parser(prog="gpuknap", description="Exact recompute-option knapsacks for pipeline splits.")
     p.add_argument("--version", action="version", version=f"gpuknap {__version__}")
-    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
     b = sub.add_parser("best", parents=[common], help="the best splits of a model")
     b.add_argument("spec", nargs="?", help="spec (YAML/JSON) or SAPP-PPB profile; default: a shipped example")
-    b.add_argument("--stages", type=_integer("--stages", 1, MAX_LAYERS), help="pipeline stages (overrides the spec)")
-    b.add_argument("--top", type=_integer("--top", 1, MAX_TOP), default=1, help=f"how many splits (default 1, at most {MAX_TOP})")
+    b.add_argument("--stages", type=integer("--stages", 1, MAX_LAYERS), help="pipeline stages (overrides the spec)")
+    b.add_argument("--top", type=integer("--top", 1, MAX_TOP), default=1, help=f"how many splits (default 1, at most {MAX_TOP})")
     b.add_argument("--score", choices=SCORES, default="slowest", help="slowest stage or 1F1B iteration time")
     b.add_argument("--emit", choices=("json", *formats.EMITTERS),
                    help="print the best split as settings for a training framework (or the JSON)")
@@ -337,10 +299,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_rank)
     c = sub.add_parser("curve", parents=[common], help="a stage's least time against its memory budget")
     c.add_argument("spec")
-    c.add_argument("--stage", type=_integer("--stage", 0, MAX_LAYERS), required=True, help="stage index")
+    c.add_argument("--stage", type=integer("--stage", 0, MAX_LAYERS), required=True, help="stage index")
     c.add_argument("--counts", help="the split, e.g. '4,5,6,...' (default: the best split)")
-    c.add_argument("--stages", type=_integer("--stages", 1, MAX_LAYERS), help="stages of the best split (with no --counts)")
-    c.add_argument("--points", type=_integer("--points", 2, MAX_POINTS), default=21,
+    c.add_argument("--stages", type=integer("--stages", 1, MAX_LAYERS), help="stages of the best split (with no --counts)")
+    c.add_argument("--points", type=integer("--points", 2, MAX_POINTS), default=21,
                    help=f"budgets to evaluate (default 21, 2 to {MAX_POINTS:,})")
     c.set_defaults(func=cmd_curve)
     return p

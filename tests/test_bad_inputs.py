@@ -289,6 +289,9 @@ CASES = [
     # training settings
     flag_case("--emit bogus", ["best", "--emit", "bogus"], ["--emit"]),
     flag_case("rank with neither --splits nor --from", ["rank", DEMO], ["--splits or --from"]),
+    spec_case("--emit mindformers with options it cannot run",
+              edited(lambda d: [o.update(name=f"OFFLOAD{i}") for i, o in enumerate(d["kinds"]["BODY"]["options"])]),
+              ["--emit mindformers", "kind 'BODY'", "mindformers runs"], args=("--emit", "mindformers"), api=False),
     Case("rank --from with --plot", ["rank", DEMO, "--from", "{f}", "--plot", "p.png"], ["--plot", "--from"],
          {"mf.yaml": text("parallel_config: {pipeline_stage: 16}\nmodel: {model_config: {num_layers: 96}}\n")}),
     Case("rank --from a file of garbage", ["rank", DEMO, "--from", "{f}"], ["{f}", "pipeline_stage"],

@@ -38,18 +38,8 @@ def emit(framework_name: str, model: Any, counts: Any, choice: Any, name: str = 
          in_flight: Any = None, chunks: int = 1) -> str:
     """The settings text of a solved split for ``framework_name``."""
     names = model.option_names(list(counts), choice, in_flight, chunks)
-    plan = framework.framework_plan(model, list(counts), names, chunks, name, score)
-    if framework_name == "megatron":
-        return megatron.dump(plan, model, names, in_flight)
-    text = mindformers.dump(plan)
-    _, ran = mindformers.settings(plan).split(model)  # what MindFormers' first-layers rule runs
-    wrong = framework.mismatches(model, list(counts), names, ran, chunks)
-    if wrong:
-        c, s, want, got = wrong[0]
-        raise ValueError(f"stage {s}" + (f" chunk {c}" if chunks > 1 else "") + f": the plan runs {want}, but "
-                         f"MindFormers recomputes the first layers of a stage and would run {got}; "
-                         "no MindFormers setting runs this plan")
-    return text
+    plan = framework.framework_plan(model, list(counts), names, chunks, name, score, in_flight)
+    return EMITTERS[framework_name].dump(plan)
 
 
 def read_settings(path: str | os.PathLike) -> Any:

@@ -14,7 +14,7 @@ read from a framework's file) on the model, stage by stage, in exact bytes.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
@@ -64,10 +64,17 @@ class FrameworkPlan:
     chunks: int
     segments: tuple
     score: float | None = None
+    model: Any = field(default=None, repr=False, compare=False)  # the model, for checks and scoring
+    names: tuple = field(default=(), repr=False, compare=False)  # every layer's option, model order
+    in_flight: Any = field(default=None, repr=False, compare=False)
 
     @property
     def decoder_layers(self) -> int:
         return sum(seg.decoders for seg in self.segments)
+
+    @property
+    def counts(self) -> list[int]:
+        return [len(seg.roles) for seg in self.segments]
 
     def segment(self, chunk: int, stage: int) -> Segment:
         return self.segments[chunk * self.stages + stage]
@@ -77,7 +84,7 @@ class FrameworkPlan:
 
 
 def framework_plan(model: Any, counts: Sequence[int], names: Sequence[str], chunks: int = 1, name: str = "",
-                   score: float | None = None) -> FrameworkPlan:
+                   score: float | None = None, in_flight: Any = None) -> FrameworkPlan:
     """The :class:`FrameworkPlan` of a split whose layers run ``names`` (model order)."""
     role = roles(model)
     bounds = np.concatenate(([0], np.cumsum(counts))).tolist()
@@ -89,7 +96,9 @@ def framework_plan(model: Any, counts: Sequence[int], names: Sequence[str], chun
             if role[j] == DECODER:
                 used[names[j]] = used.get(names[j], 0) + 1
         segments.append(Segment("".join(role[j] for j in layers), tuple(used.items())))
-    return FrameworkPlan(name, len(counts) // chunks, chunks, tuple(segments), score)
+    return FrameworkPlan(name, len(counts) // chunks, chunks, tuple(segments), score, model, tuple(names),
+                         in_flight)
+
 
 
 @dataclass(frozen=True)

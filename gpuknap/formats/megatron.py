@@ -137,10 +137,13 @@ def candidates(plan: FrameworkPlan) -> list[Settings]:
     return out
 
 
-def dump(plan: FrameworkPlan, model: Any, plan_names: Any, in_flight: Any = None) -> str:
-    """The Megatron flags of a plan of ``model`` (``plan_names``: each layer's option): the setting
-    that runs it exactly, else the closest one (fitting every stage's memory, then fastest), with
-    a comment per stage."""
+def dump(plan: FrameworkPlan) -> str:
+    """The Megatron flags of a plan (made by :func:`framework_plan`, which keeps its model): the
+    setting that runs it exactly, else the closest one (fitting every stage's memory, then
+    fastest), with a comment per stage."""
+    model, plan_names, in_flight = plan.model, plan.names, plan.in_flight
+    if model is None:
+        raise ValueError("megatron.dump needs a plan made by framework_plan (it scores settings on the model)")
     lines = [f"# gpuknap plan for {plan.name}: {plan.stages} pipeline stages"
              + (f" x {plan.chunks} virtual stages" if plan.chunks > 1 else "")
              + f", {plan.decoder_layers} decoder layers (--num-layers {plan.decoder_layers})"

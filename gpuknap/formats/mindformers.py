@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..documents import read_document
-from .framework import DECODER, EMBEDDING, LOSS, FrameworkPlan, roles
+from .framework import DECODER, EMBEDDING, LOSS, FrameworkPlan, mismatches, roles
 
 TYPES = ("NONE", "SLCT", "COMM", "BOTH", "FULL")
 #: Options that MindFormers cannot run side by side in one stage.
@@ -91,8 +91,17 @@ def settings(plan: FrameworkPlan) -> Settings:
         select.append(full + seg.count("BOTH") + seg.count("SLCT"))
         comm.append(full + seg.count("BOTH") + seg.count("COMM"))
     decoders = tuple(seg.decoders for seg in plan.segments)
-    return Settings(plan.stages, plan.chunks, plan.decoder_layers, decoders, tuple(recompute), tuple(select),
-                    tuple(comm))
+    out = Settings(plan.stages, plan.chunks, plan.decoder_layers, decoders, tuple(recompute), tuple(select),
+                   tuple(comm))
+    if plan.model is not None:  # what the first-layers rule runs, kind by kind, must be the plan
+        _, ran = out.split(plan.model)
+        wrong = mismatches(plan.model, plan.counts, plan.names, ran, plan.chunks)
+        if wrong:
+            c, s, want, got = wrong[0]
+            raise ValueError(f"stage {s}" + (f" chunk {c}" if plan.chunks > 1 else "") + f": the plan runs {want}, "
+                             f"but MindFormers recomputes the first layers of a stage and would run {got}; "
+                             "no MindFormers setting runs this plan")
+    return out
 
 
 def _lists(values: tuple, stages: int, chunks: int) -> Any:
