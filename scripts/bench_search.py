@@ -98,7 +98,7 @@ def run_worker(root: str) -> dict:
 
 def fmt(cell) -> str:
     t, value = cell
-    return "refused" if t is None else f"{t:.2f}"
+    return "refused" if t is None else t if isinstance(t, str) else f"{t:.2f}"
 
 
 def backend_rows(backends: list[str], rows: int) -> None:
@@ -151,10 +151,10 @@ def main() -> None:
           "| 1f1b / slowest now | same optimum |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|")
     for i, row in enumerate(now["rows"]):
-        b = base["rows"][i] if base else {"slowest": [None, None], "1f1b": [None, None]}
+        b = base["rows"][i] if base else {"slowest": ["-", None], "1f1b": ["-", None]}
         L, n, p, cap = row["case"]
         ratio = row["1f1b"][0] / row["slowest"][0] if row["slowest"][0] else float("nan")
-        same = all(b[s][0] is None or b[s][1] == row[s][1] for s in ("slowest", "1f1b"))
+        same = all(b[s][0] is None or b[s][0] == "-" or b[s][1] == row[s][1] for s in ("slowest", "1f1b"))
         print(f"| {L} | {n} | {p} | {cap:g} | {fmt(b['slowest'])} | {fmt(row['slowest'])} | {fmt(b['1f1b'])} "
               f"| {fmt(row['1f1b'])} | {ratio:.2f} | {'yes' if same else 'NO'} |", flush=True)
     sys.path[:0] = [ROOT, HERE]
