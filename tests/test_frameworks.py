@@ -167,6 +167,7 @@ def test_megatron_demo_gets_the_fastest_single_setting_that_fits():
     ("parallel_config: {pipeline_stage: 4}\nmodel: {model_config: {num_layers: 96, offset: [1, 0, 0, 0]}}\n",
      "offset"),
     ("model: {model_config: {num_layers: 96}}\n", "pipeline_stage: missing"),
+    ("parallel_config: {pipeline_stage: 1000000000}\nmodel: {model_config: {num_layers: 96}}\n", "pipeline_stage"),
     ("parallel_config: {pipeline_stage: 4}\nmodel: {model_config: {num_layers: 95}}\n", "95 layers"),
     ("parallel_config: {pipeline_stage: 4}\nmodel: {model_config: {num_layers: 100}}\n", "num_layers"),
     ("--pipeline-model-parallel-size 3\n--pipeline-model-parallel-layout 'Et*48|t*47,m|L'\n", "MTP"),
@@ -174,6 +175,8 @@ def test_megatron_demo_gets_the_fastest_single_setting_that_fits():
      "--recompute-granularity selective --recompute-modules mlp\n", "mlp"),
     ("--pipeline-model-parallel-size 3\n--pipeline-model-parallel-layout 'Et*48|t*48L'\n", "multiple"),
     ("--pipeline-model-parallel-size 2\n--pipeline-model-parallel-layout 'Et*48|t*4x8L'\n", "cannot read"),
+    ("--pipeline-model-parallel-size 2\n--pipeline-model-parallel-layout '((t*9999|)*9999|)*9999'\n", "over"),
+    ("--pipeline-model-parallel-size 2\n--pipeline-model-parallel-layout 't*99999999999999'\n", "over"),
 ])
 def test_bad_settings_exit_2_with_one_line(tmp_path, content, words):
     path = tmp_path / ("s.txt" if content.startswith("--") else "s.yaml")

@@ -33,16 +33,30 @@ MODULES = {"NONE": frozenset(), "SLCT": frozenset({"core_attn"}), "MOEACT": froz
 _NAME_OF = {modules: name for name, modules in MODULES.items()}
 
 
+#: Longest layout written out (symbols and separators).
+MAX_LAYOUT = 10_000_000
+
+
+def _repeat(part: str, times: str, where: str) -> str:
+    if len(times) > 9 or len(part) * int(times) > MAX_LAYOUT:
+        raise ValueError(f"{where}: the layout repeats {part!r} {times} times, over {MAX_LAYOUT:,} symbols")
+    return part * int(times)
+
+
 def _expand(text: str, where: str) -> str:
     """The layout with every repetition written out and commas and spaces dropped."""
     text = text.replace(",", "").replace(" ", "")
     pattern = re.compile(r"\(([^()]*)\)\*(\d+)")
     for _ in range(1000):  # innermost parentheses first
-        new = pattern.sub(lambda m: m.group(1) * int(m.group(2)), text)
+        new = pattern.sub(lambda m: _repeat(m.group(1), m.group(2), where), text)
         if new == text:
             break
         text = new
-    text = re.sub(r"([EtmL])\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
+        if len(text) > MAX_LAYOUT:
+            raise ValueError(f"{where}: the layout is over {MAX_LAYOUT:,} symbols written out")
+    text = re.sub(r"([EtmL])\*(\d+)", lambda m: _repeat(m.group(1), m.group(2), where), text)
+    if len(text) > MAX_LAYOUT:
+        raise ValueError(f"{where}: the layout is over {MAX_LAYOUT:,} symbols written out")
     bad = set(text) - set("EtmL|")
     if bad:
         raise ValueError(f"{where}: cannot read the layout: unexpected {''.join(sorted(bad))!r} "
@@ -217,8 +231,8 @@ def load(path: str | os.PathLike) -> Settings:
     except ValueError as exc:
         raise ValueError(str(exc) if "missing" in str(exc) else
                          f"{path}: --pipeline-model-parallel-size: expected an integer") from None
-    if stages < 1:
-        raise ValueError(f"{path}: --pipeline-model-parallel-size: expected an integer >= 1")
+    if not 1 <= stages <= MAX_LAYOUT:
+        raise ValueError(f"{path}: --pipeline-model-parallel-size: expected an integer >= 1, got {stages}")
     segments = tuple(parse_layout(one("--pipeline-model-parallel-layout"), stages,
                                   f"{path}: --pipeline-model-parallel-layout"))
     granularity = args.get("--recompute-granularity", [None])[0]

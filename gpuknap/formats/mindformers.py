@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..documents import read_document
+from ..model import MAX_LAYERS
 from .framework import DECODER, EMBEDDING, LOSS, FrameworkPlan, mismatches, roles
 
 TYPES = ("NONE", "SLCT", "COMM", "BOTH", "FULL")
@@ -167,10 +168,11 @@ def load(path: str | os.PathLike) -> Settings:
     config = _section(data, path, "model", "model_config")
     num_layers = _section(data, path, "model", "model_config", "num_layers")
     chunks = config.get("pp_interleave_num", 1)
-    for field, value in (("parallel_config.pipeline_stage", stages), ("model.model_config.num_layers", num_layers),
-                         ("model.model_config.pp_interleave_num", chunks)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{path}: {field}: expected an integer >= 1, got {value!r}")
+    for field, value, high in (("parallel_config.pipeline_stage", stages, MAX_LAYERS),
+                               ("model.model_config.num_layers", num_layers, MAX_LAYERS),
+                               ("model.model_config.pp_interleave_num", chunks, 64)):
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
+            raise ValueError(f"{path}: {field}: expected an integer from 1 to {high:,}, got {value!r}")
     base = num_layers // (stages * chunks)
     offset = config.get("offset", 0)
     if isinstance(offset, int) and not isinstance(offset, bool):
