@@ -9,7 +9,8 @@ counts given chunk by chunk -- chunk 0 of stages 0..P-1, then chunk 1 of
 stages 0..P-1, and so on -- so the model's layers run through the devices v
 times.  A device's stage holds the layers of all its chunks and pays their
 static bytes from one budget; the in-flight count is then given per (stage,
-chunk) by an explicit table ``in_flight[s][c]`` (required for v > 1).
+chunk) by a table ``in_flight[s][c]``: given, or by default the peak number of
+micro-batches alive under Megatron's interleaved 1F1B (:mod:`gpuknap.schedule`).
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from .backend import get_backend
 from .engine import check_max_bytes
 from .options import MEGABYTE, FrontTable, Layers, check_bucket, check_int, check_number
 from .problem import canonical
+from .schedule import in_flight_table
 
 #: Most layers a model may have (a bound checked before anything is allocated).
 MAX_LAYERS = 1_000_000
@@ -116,8 +118,8 @@ class PipelineModel:
         """Validated in-flight counts ``[stage][chunk]``."""
         check_int(chunks, "chunks", 1)
         if in_flight is None:
-            if chunks > 1:
-                raise ValueError("in_flight is required for interleaved pipelines (chunks > 1): give in_flight[stage][chunk]")
+            if chunks > 1:  # Megatron's interleaved schedule: the peak micro-batches alive per chunk
+                return in_flight_table(stages, chunks, self.micro_batches)
             return self.default_in_flight(stages)
         table = [list(row) if isinstance(row, (Sequence, np.ndarray)) else [row] for row in in_flight]
         if len(table) != stages or any(len(row) != chunks for row in table):

@@ -292,8 +292,11 @@ def load_spec(path: str | os.PathLike, *, capacity: Any = None, micro_batches: i
             in_flight = tuple(tuple(r) for r in model.in_flight_table(stages, chunks, in_flight))
         except (TypeError, ValueError) as exc:
             raise f.fail("pipeline.in_flight", str(exc)) from None
-    elif chunks > 1:
-        raise f.fail("pipeline.in_flight", "required when pipeline.interleave > 1")
+    elif chunks > 1 and stages is not None:  # the interleaved schedule's own in-flight counts
+        try:
+            in_flight = tuple(tuple(r) for r in model.in_flight_table(stages, chunks))
+        except ValueError as exc:
+            raise f.fail("pipeline.interleave", str(exc)) from None
     if bucket is None:
         bucket = f.quantity(data.get("bucket", MEGABYTE), "bucket", "bytes", positive=True)
     return Spec(model, stages, chunks, in_flight, bucket, path, name)

@@ -109,8 +109,11 @@ def test_stages_follow_1f1b_and_first_appearance():
 def test_interleaved_stages_and_plan():
     fr = {"x": [LayerOption("heavy", 4, 1, 1), LayerOption("light", 1, 2, 2)]}
     model = PipelineModel(["x"] * 8, fr, {"x": 1}, 30, 4)
-    with pytest.raises(ValueError, match="in_flight is required"):
-        model.stages([2, 2, 2, 2], chunks=2)
+    # Megatron's interleaved schedule, P=2, v=2, M=4, worked by hand: stage 0 warms up with 4 forwards
+    # (mb 0, 1 on chunk 0, then on chunk 1) and peaks at 4 on chunk 0 and 2 on chunk 1; stage 1
+    # warms up with 2 (chunk 0) and peaks at 3 on chunk 0 and 1 on chunk 1.
+    default = model.stages([2, 2, 2, 2], chunks=2)
+    assert [[g.in_flight for g in st.groups] for st in default] == [[4, 2], [3, 1]]
     st = model.stages([1, 2, 3, 2], in_flight=[[3, 2], [2, 1]], chunks=2)
     assert st[0].groups == (Layers("x", 1, 3), Layers("x", 3, 2))
     assert st[1].groups == (Layers("x", 2, 2), Layers("x", 2, 1))
