@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from contextlib import ExitStack
 from importlib import resources
@@ -17,22 +16,22 @@ from typing import Sequence
 
 import numpy as np
 
-from . import __version__, formats
-from .flags import EXIT_BAD_INPUT, Parser, cells, integer, size
+from . import __version__, formats, timeline
+from .flags import EXIT_OK, Parser, cells, guarded, integer, nonnegative, size
 from .formats import framework
 from .backend import get_backend
 from .limits import MAX_TOP, work_limit
 from .model import MAX_IN_FLIGHT, MAX_LAYERS
 from .options import FrontTable
 from .progress import Bar, reporting
-from .report import (JSON_VERSION, format_split, plot_curve, plot_scores, plot_splits, require_matplotlib,
-                     split_record)
+from .report import (JSON_VERSION, format_split, plot_curve, plot_scores, plot_splits, plot_timeline,
+                     require_matplotlib, split_record)
 from .search import SCORES, best_splits, coverage
 from .spec import Spec, load_spec
 from .splitfiles import PLOT_SUFFIXES, check_output, read_splits, write_scores
 from .stage import least_times
 
-EXIT_OK, EXIT_INFEASIBLE, EXIT_INTERNAL = 0, 1, 3
+EXIT_INFEASIBLE = 1  # nothing feasible (said in words); the other codes are in flags
 #: Rows of a splits file scored per block (bounds memory; one progress step each).
 RANK_BLOCK = 250_000
 #: Most budgets ``curve --points`` evaluates.
@@ -57,7 +56,7 @@ def _spec(args: argparse.Namespace, path: str | None) -> Spec:
                      data_parallel=args.dp)
 
 
-def _maxsize(args: argparse.Namespace) -> int | None:
+def _max_bytes(args: argparse.Namespace) -> int | None:
     return None if args.max_memory is None else int(args.max_memory)
 
 
@@ -99,7 +98,7 @@ def cmd_best(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise BadInput(f"--emit {args.emit}: {spec.source}: {exc}") from None
     found = best_splits(model, stages, args.top, args.score, spec.bucket, backend, spec.in_flight,
-                        _maxsize(args), bound=args.bound, exclusive=formats.EXCLUSIVE.get(args.emit, ()))
+                        _max_bytes(args), bound=args.bound, exclusive=formats.EXCLUSIVE.get(args.emit, ()))
     records = [split_record(spec.model, f[0], f[2], args.score, f[1], spec.in_flight,
                             lower_bound=f[3] if args.bound else None, bucket=spec.bucket) for f in found]
     payload = {**_header("best", spec, backend.name), "stages": stages, "score": args.score,
@@ -151,7 +150,7 @@ def cmd_rank(args: argparse.Namespace) -> int:
     best_i, best_choice = -1, None
     for lo in range(0, len(splits), RANK_BLOCK):
         r = spec.model.rank(splits[lo:lo + RANK_BLOCK], spec.bucket, backend, spec.in_flight, spec.chunks,
-                            _maxsize(args))
+                            _max_bytes(args))
         slowest[lo:lo + RANK_BLOCK] = r.slowest
         j = int(r.order[0])
         if np.isfinite(r.slowest[j]) and (best_i < 0 or r.slowest[j] < slowest[best_i]):
@@ -215,7 +214,7 @@ def cmd_curve(args: argparse.Namespace) -> int:
             raise BadInput(f"--counts: {exc}") from None
     else:
         stages = _stages(args, spec)
-        found = best_splits(spec.model, stages, 1, "slowest", spec.bucket, backend, spec.in_flight, _maxsize(args))
+        found = best_splits(spec.model, stages, 1, "slowest", spec.bucket, backend, spec.in_flight, _max_bytes(args))
         if not found:
             print(f"no feasible split of {spec.name} into {stages} stages", file=sys.stderr)
             return EXIT_INFEASIBLE
@@ -249,6 +248,38 @@ def cmd_curve(args: argparse.Namespace) -> int:
         plot_curve(points, args.plot, f"stage {args.stage}", stage.budget)
     _emit(args, payload, "\n".join(lines))
     return EXIT_OK if any(p["time"] is not None for p in points) else EXIT_INFEASIBLE
+
+
+def cmd_timeline(args: argparse.Namespace) -> int:
+    spec = _spec(args, args.spec)
+    chunks = args.interleave or spec.chunks
+    if args.counts:
+        counts = _counts(args.counts)
+    else:
+        if chunks > 1:
+            raise BadInput("--counts: needed for an interleaved timeline (best searches plain pipelines)")
+        found = best_splits(spec.model, _stages(args, spec), 1, "1f1b", spec.bucket, get_backend(args.backend),
+                            spec.in_flight, _max_bytes(args))
+        if not found:
+            print(f"no feasible split of {spec.name}", file=sys.stderr)
+            return EXIT_INFEASIBLE
+        counts = list(found[0][0])
+    try:
+        spec.model.check_counts(counts, chunks)
+    except ValueError as exc:
+        raise BadInput(f"--counts: {exc}") from None
+    solved = timeline.of_split(spec.model, counts, spec.bucket, spec.in_flight, chunks, args.p2p)
+    if solved is None:
+        _emit(args, {**_header("timeline", spec, "numpy"), "counts": counts, "timeline": None},
+              f"split {counts} of {spec.name} does not fit the device memory")
+        return EXIT_INFEASIBLE
+    t, times, closed = solved
+    if args.plot:
+        plot_timeline(t, times, args.plot, f"{spec.name}: split {counts}")
+    payload = {**_header("timeline", spec, "numpy"), "timeline": timeline.record(t, times, counts),
+               "closed_form_1f1b": closed}
+    _emit(args, payload, timeline.summary(t, f"{spec.name}, split {counts}", closed))
+    return EXIT_OK
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -305,6 +336,13 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--points", type=integer("--points", 2, MAX_POINTS), default=21,
                    help=f"budgets to evaluate (default 21, 2 to {MAX_POINTS:,})")
     c.set_defaults(func=cmd_curve)
+    t = sub.add_parser("timeline", parents=[common], help="the pipeline schedule of a split, simulated")
+    t.add_argument("spec")
+    t.add_argument("--counts", help="the split, chunk by chunk when interleaved (default: the best 1F1B split)")
+    t.add_argument("--stages", type=integer("--stages", 1, MAX_LAYERS), help="stages of the best split (no --counts)")
+    t.add_argument("--interleave", type=integer("--interleave", 1, 64), help="chunks per stage (default: the spec's)")
+    t.add_argument("--p2p", type=nonnegative("--p2p"), default=0.0, help="time to pass a micro-batch between stages (default 0)")
+    t.set_defaults(func=cmd_timeline)
     return p
 
 
@@ -332,41 +370,13 @@ def _run(args: argparse.Namespace) -> int:
             bar.close()
 
 
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or exc.__class__.__name__
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, --version, or a one-line usage error
         return int(exc.code or 0)
-    try:
-        rc = _run(args)
-        sys.stdout.flush()
-        return rc
-    except BrokenPipeError:  # the reader went away (gpuknap best | head -1): stop quietly, as Unix tools do
-        try:
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        except OSError:
-            pass
-        return EXIT_OK
-    except ValueError as exc:  # every refusal of input, BackendUnavailable and WorkTooLarge included
-        print(f"gpuknap: error: {_one_line(exc)}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except OSError as exc:  # e.g. a --plot path that became unwritable
-        print(f"gpuknap: error: {exc.filename or ''}: {exc.strerror or _one_line(exc)}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except MemoryError:
-        print("gpuknap: error: out of memory; lower --max-memory or use a coarser --bucket", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
-        return 130
-    except Exception as exc:  # a bug: still one line, never a traceback
-        print(f"gpuknap: internal error (please report): {exc.__class__.__name__}: {_one_line(exc)}",
-              file=sys.stderr)
-        return EXIT_INTERNAL
+    return guarded(lambda: _run(args))
 
 
 if __name__ == "__main__":

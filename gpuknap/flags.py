@@ -1,14 +1,20 @@
-"""Command-line flag types: every refusal is one line naming the flag (exit 2)."""
+"""Command-line flag types, and the one-line answer to every failure.
+
+Every refusal of a flag is one line naming it (exit 2); :func:`guarded` maps
+whatever a command raises to one line and an exit code, never a traceback.
+"""
 from __future__ import annotations
 
 import argparse
 import math
+import os
+import sys
 from typing import Callable, NoReturn
 
 from .units import parse_quantity
 
-#: Exit code of bad input (the CLI uses this one too).
-EXIT_BAD_INPUT = 2
+#: Exit codes: success, bad input or a refused job, an internal error (a bug).
+EXIT_OK, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 2, 3
 
 
 def integer(flag: str, low: int, high: int) -> Callable[[str], int]:
@@ -50,3 +56,49 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_BAD_INPUT, f"gpuknap: error: {message}\n")
+
+
+def nonnegative(flag: str) -> Callable[[str], float]:
+    """A finite number >= 0 (a time in the profile's unit)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text[:40]!r}") from None
+        if not 0 <= value < math.inf:
+            raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+        return value
+    return parse
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or exc.__class__.__name__
+
+
+def guarded(command: Callable[[], int]) -> int:
+    """Run a command; every failure becomes one line on stderr and an exit code."""
+    try:
+        rc = command()
+        sys.stdout.flush()
+        return rc
+    except BrokenPipeError:  # the reader went away (gpuknap best | head -1): stop quietly, as Unix tools do
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except OSError:
+            pass
+        return EXIT_OK
+    except ValueError as exc:  # every refusal of input, BackendUnavailable and WorkTooLarge included
+        print(f"gpuknap: error: {_one_line(exc)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except OSError as exc:  # e.g. a --plot path that became unwritable
+        print(f"gpuknap: error: {exc.filename or ''}: {exc.strerror or _one_line(exc)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except MemoryError:
+        print("gpuknap: error: out of memory; lower --max-memory or use a coarser --bucket", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # a bug: still one line, never a traceback
+        print(f"gpuknap: internal error (please report): {exc.__class__.__name__}: {_one_line(exc)}",
+              file=sys.stderr)
+        return EXIT_INTERNAL

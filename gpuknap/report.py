@@ -165,3 +165,43 @@ def plot_scores(slowest: np.ndarray, path: str, title: str, best: float | None =
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+def plot_timeline(t: Any, times: Any, path: str, title: str) -> None:
+    """A Gantt chart: one row per stage, forward and backward boxes coloured by micro-batch,
+    chunks told apart by shade and hatch, the recompute part of each backward hatched, idle
+    time left white; iteration time and bubble in the title."""
+    plt = _pyplot()
+    from matplotlib.patches import Patch
+
+    fig, ax = plt.subplots(figsize=(12, 0.45 * t.stages + 1.8))
+    cmap = plt.get_cmap("tab20")
+    for op in t.ops:
+        colour = cmap(op.micro_batch % 20)
+        y = t.stages - 1 - op.stage
+        light = op.kind == "F"
+        ax.broken_barh([(op.start, op.end - op.start)], (y - 0.4, 0.8), facecolors=colour,
+                       edgecolor="black", linewidth=0.3, alpha=0.55 if light else 1.0,
+                       hatch="" if op.chunk % 2 == 0 else "..")
+        rec = times.recompute[op.stage][op.chunk]
+        if op.kind == "B" and rec > 0:
+            ax.broken_barh([(op.start, rec)], (y - 0.4, 0.8), facecolors="none", edgecolor="black",
+                           linewidth=0.0, hatch="////")
+    ax.set_yticks(range(t.stages))
+    ax.set_yticklabels([f"stage {s}" for s in range(t.stages - 1, -1, -1)])
+    ax.set_xlim(0, t.iteration_time)
+    ax.set_xlabel("time (profile time units)")
+    ax.set_title(f"{title}\niteration time {t.iteration_time:.6g}, bubble {100 * t.bubble:.1f}%, "
+                 f"{t.micro_batches} micro-batches" + (f", {t.chunks} chunks per stage" if t.chunks > 1 else ""),
+                 fontsize=10)
+    handles = [Patch(facecolor="0.6", alpha=0.55, edgecolor="black", label="forward (light)"),
+               Patch(facecolor="0.6", edgecolor="black", label="backward (dark)"),
+               Patch(facecolor="white", edgecolor="black", hatch="////", label="recompute in backward"),
+               Patch(facecolor="white", label="idle (white)")]
+    if t.chunks > 1:
+        handles.append(Patch(facecolor="white", edgecolor="black", hatch="..", label="odd chunks (dotted)"))
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.9 / (0.45 * t.stages + 1.8)),
+              ncol=len(handles), fontsize=8, frameon=False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
