@@ -17,7 +17,7 @@ from typing import Sequence
 import numpy as np
 
 from . import __version__, formats, timeline
-from .flags import EXIT_OK, Parser, cells, guarded, integer, nonnegative, size
+from .flags import EXIT_OK, Parser, cells, guarded, integer, number, size
 from .formats import framework
 from .backend import get_backend
 from .limits import MAX_TOP, work_limit
@@ -341,7 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--counts", help="the split, chunk by chunk when interleaved (default: the best 1F1B split)")
     t.add_argument("--stages", type=integer("--stages", 1, MAX_LAYERS), help="stages of the best split (no --counts)")
     t.add_argument("--interleave", type=integer("--interleave", 1, 64), help="chunks per stage (default: the spec's)")
-    t.add_argument("--p2p", type=nonnegative("--p2p"), default=0.0, help="time to pass a micro-batch between stages (default 0)")
+    t.add_argument("--p2p", type=number(0, "a time"), default=0.0, help="time to pass a micro-batch between stages (default 0)")
     t.set_defaults(func=cmd_timeline)
     return p
 

@@ -9,7 +9,7 @@ import argparse
 import math
 import os
 import sys
-from typing import Callable, NoReturn
+from typing import Any, Callable, NoReturn
 
 from .units import parse_quantity
 
@@ -41,14 +41,21 @@ def size(flag: str) -> Callable[[str], float]:
     return parse
 
 
-def cells(text: str) -> int:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of DP cells (e.g. 5e10), got {text[:40]!r}") from None
-    if not 1 <= value < math.inf:
-        raise argparse.ArgumentTypeError(f"expected a positive number of DP cells, got {text!r}")
-    return int(value)
+def number(low: float, what: str, cast: Callable = float) -> Callable[[str], Any]:
+    """A finite number >= ``low`` (``what`` says what it is in the refusal)."""
+    def parse(text: str) -> Any:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text[:40]!r}") from None
+        if not low <= value < math.inf:
+            raise argparse.ArgumentTypeError(f"expected {what} >= {low:g}, got {text!r}")
+        return cast(value)
+    return parse
+
+
+#: ``--max-work``: a number of DP cells.
+cells = number(1, "a number of DP cells (e.g. 5e10)", int)
 
 
 class Parser(argparse.ArgumentParser):
@@ -56,19 +63,6 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_BAD_INPUT, f"gpuknap: error: {message}\n")
-
-
-def nonnegative(flag: str) -> Callable[[str], float]:
-    """A finite number >= 0 (a time in the profile's unit)."""
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text[:40]!r}") from None
-        if not 0 <= value < math.inf:
-            raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
-        return value
-    return parse
 
 
 def _one_line(exc: BaseException) -> str:
