@@ -312,7 +312,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"gpuknap {__version__}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
     b = sub.add_parser("best", parents=[common], help="the best splits of a model")
-    b.add_argument("spec", nargs="?", help="spec (YAML/JSON) or SAPP-PPB profile; default: a shipped example")
+    b.add_argument("spec", nargs="?",
+                   help="spec (YAML/JSON), SAPP-PPB profile or Hugging Face config.json; default: a shipped example")
     b.add_argument("--stages", type=integer("--stages", 1, MAX_LAYERS), help="pipeline stages (overrides the spec)")
     b.add_argument("--top", type=integer("--top", 1, MAX_TOP), default=1, help=f"how many splits (default 1, at most {MAX_TOP})")
     b.add_argument("--score", choices=SCORES, default="slowest", help="slowest stage or 1F1B iteration time")
