@@ -165,11 +165,16 @@ def coverage(model: Any, stages: int, bucket: float = MEGABYTE, in_flight: Any =
     """How many of the model's layers ``stages`` stages can hold even with their lightest
     options (an upper bound: fewer than ``model.layers`` proves no split fits).  Array
     work only, no DP: milliseconds even for thousands of layers."""
+    _, _, rooms = _search_space(model, stages, FrontTable(model.fronts, bucket), in_flight)
+    return coverable_layers(rooms, model.layers)
+
+
+def _search_space(model: Any, stages: int, fronts: FrontTable, in_flight: Any) -> tuple:
+    """``(in-flight per stage, kind index, rooms[s, a])`` of a search, after the size check."""
     _check_size(model, stages)
     inflight = [row[0] for row in model.in_flight_table(stages, 1, in_flight)]
     index = kind_index(model)
-    rooms = _rooms(_span_bounds(model, inflight, FrontTable(model.fronts, bucket), index), model.layers)
-    return coverable_layers(rooms, model.layers)
+    return inflight, index, _rooms(_span_bounds(model, inflight, fronts, index), model.layers)
 
 
 def segment_table(model: Any, stages: int, bucket: float, backend: Any,
@@ -183,11 +188,8 @@ def segment_table(model: Any, stages: int, bucket: float, backend: Any,
     with their lightest options gets an all-infeasible table before any of this.
     """
     n = model.layers
-    _check_size(model, stages)
-    inflight = [row[0] for row in model.in_flight_table(stages, 1, in_flight)]
     fronts = FrontTable(model.fronts, bucket, relaxed)  # relaxed: lower bounds on exact-bytes times
-    index = kind_index(model)
-    rooms = _rooms(_span_bounds(model, inflight, fronts, index), n)
+    inflight, index, rooms = _search_space(model, stages, fronts, in_flight)
     width = max(int(rooms.max(initial=0)), 1)
     if coverable_layers(rooms, n) < n:
         return SegmentTable(np.full((stages, n + 1, 1), np.inf))
