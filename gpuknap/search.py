@@ -25,6 +25,7 @@ Ties are broken by the counts in lexicographic order.
 """
 from __future__ import annotations
 
+import math
 import sys
 from fractions import Fraction
 from typing import Any
@@ -38,7 +39,9 @@ from .model import PipelineModel
 from .options import MEGABYTE, check_bucket, check_int
 from .results import PipelineChoice
 from .search_1f1b import top_1f1b
-from .segments import SegmentTable, coverage, segment_table  # noqa: F401 (coverage: part of the API here)
+from .classify import kind_index
+from .options import FrontTable
+from .segments import SegmentTable, coverage, fastest_prefix, segment_table  # noqa: F401 (coverage: API)
 from .progress import report
 from .stage import Planner
 
@@ -125,6 +128,53 @@ def _search(T: SegmentTable, top: int, score: str, micro_batches: int, stages: i
         sys.setrecursionlimit(depth)
 
 
+#: Growth of the segment-time limit between rounds of :func:`_pruned_search`.
+LIMIT_GROWTH = 1.2
+#: Relative margin kept between a certified score and what pruned segments can reach.
+MARGIN = 1e-9
+
+
+def _pruned_search(model: PipelineModel, stages: int, top: int, score: str, bucket: float, in_flight: Any,
+                   make_table: Any) -> list[tuple]:
+    """The exact top ``top`` splits, from tables holding only segments whose fastest
+    options take at most a limit ``tau``, raised until the answer is certified.
+
+    Every layer takes at least its fastest option's time, so a segment left out
+    takes more than ``tau``, and a split using one scores more than ``tau``
+    (``slowest``) or more than ``(M - 1) * tau + F`` (``1f1b``, with ``F`` the sum of
+    every layer's fastest time, a lower bound on the sum of stage times).  Once
+    the k-th split found scores at most that, no split left out can enter the
+    top k.  The first ``tau`` is a little over the least the slowest stage can
+    take (``F / P``, or the slowest single layer).  When k splits were found but
+    not certified, the next limit is the one their k-th score certifies (so a
+    second round always ends the search); with fewer than k, the limit grows by
+    a fifth.  Most searches end in one round on far fewer segments than the table.
+    """
+    fronts = FrontTable(model.fronts, bucket)
+    inflight0 = model.in_flight_table(stages, 1, in_flight)[0][0]
+    prefix = fastest_prefix(model, fronts, kind_index(model), inflight0)
+    total = float(prefix[-1])
+    m = model.micro_batches
+    limit = max(total / stages, float(np.diff(prefix).max(initial=0.0))) * 1.1
+    if score == "1f1b" and m == 1:
+        limit = math.inf  # the bound (M - 1) * tau + F says nothing: search the whole table
+    while True:
+        if not math.isfinite(limit) or limit > total * 2:
+            limit = math.inf
+        T = make_table(limit)
+        found = _search(T, top, score, m, stages)
+        if not T.pruned:
+            return found
+        reach = limit if score == "slowest" else (m - 1) * limit + total
+        if len(found) < top:
+            limit *= LIMIT_GROWTH
+            continue
+        kth = found[-1][1] * (1 + 1e-6)  # k splits score at most this: the next limit certifies it
+        if kth <= reach * (1 - MARGIN) * (1 + 1e-6):
+            return found
+        limit = max(kth if score == "slowest" else (kth - total) / (m - 1), limit * (1 + 1e-6))
+
+
 def best_splits(model: PipelineModel, stages: int, top: int = 1, score: str = "slowest",
                 bucket: float = MEGABYTE, backend: Any = "auto", in_flight: Any = None,
                 max_bytes: int | None = None, bound: bool = False, exclusive: Any = ()) -> list[tuple]:
@@ -161,18 +211,21 @@ def best_splits(model: PipelineModel, stages: int, top: int = 1, score: str = "s
     model.in_flight_table(int(stages), 1, in_flight)
     variants = _variants(model, exclusive)
 
-    def table(relaxed: bool) -> SegmentTable:
-        tables = [segment_table(v, int(stages), bucket, backend, in_flight, max_bytes, relaxed) for v in variants]
+    def table(relaxed: bool, limit: float) -> SegmentTable:
+        tables = [segment_table(v, int(stages), bucket, backend, in_flight, max_bytes, relaxed, limit)
+                  for v in variants]
         if len(tables) == 1:
             return tables[0]
         width = max(t.width for t in tables)  # bands of the variants, padded to one width, then the least
         return SegmentTable(np.minimum.reduce([np.pad(t.band, ((0, 0), (0, 0), (0, width - t.width)),
-                                                      constant_values=np.inf) for t in tables]))
+                                                      constant_values=np.inf) for t in tables]),
+                            any(t.pruned for t in tables))
 
-    found = _search(table(False), int(top), score, model.micro_batches, int(stages))
+    found = _pruned_search(model, int(stages), int(top), score, bucket, in_flight, lambda lim: table(False, lim))
     bounds: list[float] = []
     if bound and found:
-        bounds = [value for _, value in _search(table(True), len(found), score, model.micro_batches, int(stages))]
+        bounds = [value for _, value in _pruned_search(model, int(stages), len(found), score, bucket, in_flight,
+                                                       lambda lim: table(True, lim))]
     out = []
     plans = [Planner(v.fronts, bucket) for v in variants]  # the top k share most stages: each solved once
     for i, (counts, value) in enumerate(found):

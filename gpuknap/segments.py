@@ -43,10 +43,15 @@ MAX_SEGMENTS = 20_000_000
 
 class SegmentTable:
     """Segment times ``T[s, a, b]`` stored as a band: ``band[s, a, j]`` is the
-    segment ``a:a+1+j``; every segment outside the band is infeasible (``inf``)."""
+    segment ``a:a+1+j``; every segment outside the band is infeasible (``inf``).
 
-    def __init__(self, band: np.ndarray):
+    ``pruned``: some segments were left out (``inf``) because even their fastest
+    options take longer than the table's ``limit``, not because they do not fit.
+    """
+
+    def __init__(self, band: np.ndarray, pruned: bool = False):
         self.band = band
+        self.pruned = bool(pruned)
         self.p, self.n1, self.width = band.shape
         ends = np.arange(self.n1)[:, None] + 1 + np.arange(self.width)[None, :]
         self.valid = ends < self.n1
@@ -177,8 +182,25 @@ def _search_space(model: Any, stages: int, fronts: FrontTable, in_flight: Any) -
     return inflight, index, _rooms(_span_bounds(model, inflight, fronts, index), model.layers)
 
 
+def fastest_prefix(model: Any, fronts: FrontTable, index: KindIndex, in_flight: int) -> np.ndarray:
+    """Prefix sums of each layer's fastest option time: ``p[b] - p[a]`` is a lower
+    bound on the time of any stage taking layers ``a:b`` (memory ignored)."""
+    fastest = np.array([float(fronts.get(kind, in_flight).times.min()) for kind in index.kinds])
+    return np.concatenate(([0.0], np.cumsum(fastest[index.codes])))
+
+
+def _cut_rooms(rooms: np.ndarray, prefix: np.ndarray, limit: float) -> np.ndarray:
+    """Rooms shortened to the segments whose fastest-options time is at most ``limit``
+    (with a slack far above the rounding of the prefix sums, so only segments
+    surely slower than ``limit`` go)."""
+    slack = 1e-9 * (abs(limit) + prefix[-1])
+    last = np.searchsorted(prefix, prefix + limit + slack, side="right") - 1
+    return np.minimum(rooms, np.maximum(last - np.arange(len(prefix)), 0)[None, :])
+
+
 def segment_table(model: Any, stages: int, bucket: float, backend: Any,
-                  in_flight: Any = None, max_bytes: int | None = None, relaxed: bool = False) -> SegmentTable:
+                  in_flight: Any = None, max_bytes: int | None = None, relaxed: bool = False,
+                  limit: float = math.inf) -> SegmentTable:
     """Least time of stage s on layers ``start:end`` for every segment of a split.
 
     Every candidate segment (within its stage's span bound) is classified with
@@ -186,13 +208,22 @@ def segment_table(model: Any, stages: int, bucket: float, backend: Any,
     (more layers only need more memory); the distinct problems left are one
     batch for the engine.  A model whose stages cannot cover its layers even
     with their lightest options gets an all-infeasible table before any of this.
+
+    ``limit``: leave out (as ``inf``, with ``pruned`` set) the segments whose
+    fastest options alone take longer than ``limit``; a search that finds its
+    answers at or under ``limit`` is then still exact (``best_splits``).
     """
     n = model.layers
     fronts = FrontTable(model.fronts, bucket, relaxed)  # relaxed: lower bounds on exact-bytes times
     inflight, index, rooms = _search_space(model, stages, fronts, in_flight)
-    width = max(int(rooms.max(initial=0)), 1)
     if coverable_layers(rooms, n) < n:
         return SegmentTable(np.full((stages, n + 1, 1), np.inf))
+    pruned = False
+    if limit < math.inf:
+        cut = _cut_rooms(rooms, fastest_prefix(model, fronts, index, inflight[0]), limit)
+        pruned = bool((cut < rooms).any())
+        rooms = cut
+    width = max(int(rooms.max(initial=0)), 1)
     total = int(rooms.sum())
     if total > MAX_SEGMENTS:
         raise ValueError(
@@ -219,4 +250,4 @@ def segment_table(model: Any, stages: int, bucket: float, backend: Any,
                                     [verdicts[i] for i in chosen])
     band = np.full((stages, n + 1, width), np.inf)
     band[seg_s[keep], seg_a[keep], j[keep]] = values[ids[keep]]
-    return SegmentTable(band)
+    return SegmentTable(band, pruned)

@@ -50,17 +50,45 @@ def _assemble(groups: Sequence[Layers], fronts: list[Front], option_counts: list
     return StageChoice(tuple(assignments), memory, time)
 
 
-def _stride(steps: int, width: int, bucket: float) -> int:
-    """Layers per block of kept DP rows: all of them when they fit SINGLE_STAGE_LIMIT,
-    else about sqrt(steps) (checkpoint rows between blocks, each block recomputed in
-    the traceback); refuses what still does not fit, or more passes than the work limit."""
-    row = 8 * width
-    if (steps + 1) * row <= SINGLE_STAGE_LIMIT:
+def _pass_recording(row: np.ndarray, front: Front, width: int, choice: np.ndarray) -> np.ndarray:
+    """One layer step on a single row (the same additions and exact minimum as
+    :func:`gpuknap.passes.pass_level`), writing into ``choice`` the index of the
+    first (lightest) option that attains each cell's minimum."""
+    out = np.full(width, np.inf)
+    choice[:] = 0
+    for j, (w, t) in enumerate(zip(front.weights.tolist(), front.times.tolist())):
+        if w >= width:
+            continue
+        cand = row[:width - w] + t
+        better = cand < out[w:]
+        np.copyto(out[w:], cand, where=better)
+        np.copyto(choice[w:], j, where=better)
+    return out
+
+
+def _stride(steps: int, width: int, n_options: int, bucket: float) -> tuple[int, Any]:
+    """``(layers per block, choice dtype)`` for a traceback within SINGLE_STAGE_LIMIT.
+
+    Block length 0: every DP row fits, and the traceback reads them.  Otherwise the traceback keeps, per block of layers, the option each cell took (one or
+    two bytes a cell) plus a checkpoint row (8 bytes a cell) before each block;
+    blocks other than the last are recomputed from their checkpoint.  One block
+    when everything fits; else the block length needing the least memory.
+    Refuses what still does not fit, or more passes than the work limit."""
+    dtype = np.uint8 if n_options <= 256 else np.uint16
+    cell = np.dtype(dtype).itemsize
+
+    def need(stride: int) -> int:  # checkpoints, choices of one block, three working rows
+        return (-(-steps // stride) + 3) * 8 * width + stride * cell * width
+
+    if (steps + 1) * 8 * width <= SINGLE_STAGE_LIMIT:  # every row kept: no choices recorded
         _guard(0, steps * width, bucket, "this stage")
-        return max(steps, 1)
-    stride = max(1, math.isqrt(steps))
-    _guard((stride + 1 + -(-steps // stride)) * row, 2 * steps * width, bucket, "this stage")
-    return stride
+        return 0, dtype
+    if need(max(steps, 1)) <= SINGLE_STAGE_LIMIT:
+        _guard(0, steps * width, bucket, "this stage")
+        return max(steps, 1), dtype
+    stride = min(range(1, max(steps, 1) + 1), key=need)
+    _guard(need(stride), 2 * steps * width, bucket, "this stage")
+    return stride, dtype
 
 
 def _choose(table: FrontTable, groups: tuple, budget: float) -> StageChoice | None:
@@ -76,39 +104,66 @@ def _choose(table: FrontTable, groups: tuple, budget: float) -> StageChoice | No
     capacity = how.capacity
     steps = [(gi, f) for gi, (g, f) in enumerate(zip(groups, fronts)) for _ in range(g.count)]
     width, n = capacity + 1, len(steps)
-    stride = _stride(n, width, table.bucket)
+    stride, dtype = _stride(n, width, max(len(f.options) for f in fronts), table.bucket)
+    if stride == 0:
+        return _choose_kept_rows(groups, fronts, steps, width, capacity)
+    firsts = list(range(0, n, stride))
+    choices = np.empty((min(stride, n), width), dtype=dtype)
 
-    def run(row: np.ndarray, layers: range, keep: int) -> list[np.ndarray]:
-        """The rows after each layer from ``row``, keeping every ``keep``-th (and the last)."""
-        rows, last = [row], row
-        for i, layer in enumerate(layers, 1):
-            last = pass_level(np, last, None, width, _segment(steps[layer][1]))
-            if i % keep == 0:
-                rows.append(last)
-        return rows + ([last] if len(layers) % keep else [])
+    def block(row: np.ndarray, first: int) -> np.ndarray:
+        """The row after the block starting at ``first``, recording its choices."""
+        for i, layer in enumerate(range(first, min(n, first + stride))):
+            row = _pass_recording(row, steps[layer][1], width, choices[i])
+        return row
 
-    # Keep every row when they fit; else keep every stride-th row (a checkpoint) and
-    # recompute each block's rows from its checkpoint during the traceback.
-    checkpoints = run(zeros_row(width), range(n), 1 if stride == n else stride)
-    last = checkpoints[-1][0]
+    # Forward: a checkpoint row before each block; the last block records its choices.
+    checkpoints, row = [], zeros_row(width)[0]
+    for first in firsts[:-1]:
+        checkpoints.append(row)
+        for layer in range(first, first + stride):
+            row = pass_level(np, row[None, :], None, width, _segment(steps[layer][1]))[0]
+    last = block(row, firsts[-1])
     best = last[capacity]
     if math.isinf(best):
         return None
     c = int(np.argmax(last == best))  # least weight among least time
     option_counts = [[0] * len(f.options) for f in fronts]
-    for first in reversed(range(0, n, stride)):
-        block = range(first, min(n, first + stride))
-        rows = checkpoints if stride == n else run(checkpoints[first // stride], block, 1)
-        for layer in reversed(block):
+    for k in reversed(range(len(firsts))):
+        first = firsts[k]
+        if k < len(firsts) - 1:  # recompute this block's choices from its checkpoint
+            block(checkpoints[k], first)
+        for layer in reversed(range(first, min(n, first + stride))):
             gi, f = steps[layer]
-            here, before = rows[layer + 1 - first][0], rows[layer - first][0]
-            for j, (w, t) in enumerate(zip(f.weights.tolist(), f.times.tolist())):
-                if w <= c and before[c - w] + t == here[c]:  # the first (lightest) option that gives it
-                    option_counts[gi][j] += 1
-                    c -= w
-                    break
-            else:  # pragma: no cover - the DP always has a predecessor
-                raise AssertionError("DP traceback found no predecessor")
+            j = int(choices[layer - first][c])
+            option_counts[gi][j] += 1
+            c -= int(f.weights[j])
+    return _assemble(groups, fronts, option_counts, float(best))
+
+
+def _choose_kept_rows(groups: tuple, fronts: list[Front], steps: list, width: int,
+                      capacity: int) -> StageChoice | None:
+    """The traceback when every DP row fits: at each layer, the first (lightest)
+    option whose predecessor cell plus its time gives the cell (exact equality:
+    the same additions as the pass)."""
+    rows = [zeros_row(width)]
+    for _, f in steps:
+        rows.append(pass_level(np, rows[-1], None, width, _segment(f)))
+    last = rows[-1][0]
+    best = last[capacity]
+    if math.isinf(best):
+        return None
+    c = int(np.argmax(last == best))  # least weight among least time
+    option_counts = [[0] * len(f.options) for f in fronts]
+    for layer in reversed(range(len(steps))):
+        gi, f = steps[layer]
+        here, before = rows[layer + 1][0], rows[layer][0]
+        for j, (w, t) in enumerate(zip(f.weights.tolist(), f.times.tolist())):
+            if w <= c and before[c - w] + t == here[c]:
+                option_counts[gi][j] += 1
+                c -= w
+                break
+        else:  # pragma: no cover - the DP always has a predecessor
+            raise AssertionError("DP traceback found no predecessor")
     return _assemble(groups, fronts, option_counts, float(best))
 
 

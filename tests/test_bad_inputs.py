@@ -176,7 +176,8 @@ CASES = [
     # 3. jobs too large: refused up front with the estimate and what to change
     flag_case("--top 1000000000", ["best", "--top", "1000000000"], ["--top", "1,000"],
               lambda p: best_splits(load_spec(DEMO).model, 16, top=10**9)),
-    flag_case("--bucket 1KiB", ["best", DEMO, "--bucket", "1KiB"], ["DP cells", "--bucket", "--max-work"]),
+    flag_case("--max-work 1e5", ["best", DEMO, "--max-work", "1e5"], ["DP cells", "--bucket", "--max-work"]),
+    flag_case("--bucket 256B", ["best", DEMO, "--bucket", "256B"], ["DP row", "--bucket", "--max-memory"]),
     Case("curve on 100,000 layers", ["curve", "{f}", "--stage", "0", "--counts", "25000,25000,25000,25000"],
          ["DP cells", "--bucket"], {"big.json": big_model},
          lambda p: least_times(load_spec(p["big.json"]).model.stages([25000] * 4)[0].groups,

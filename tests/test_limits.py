@@ -52,4 +52,6 @@ def test_progress_reports_every_phase_and_finishes():
         best_splits(load_spec(DEMO).model, 16, top=3, score="1f1b", backend="numpy")
     assert {"segments", "DP passes", "bottlenecks", "plans"} <= set(seen)
     assert seen["DP passes"][-1][0] == seen["DP passes"][-1][1]
-    assert np.all(np.diff([d for d, _ in seen["DP passes"]]) >= 0)
+    passes = seen["DP passes"]  # one run per round of the search's limit: each rises to its total
+    for (d0, t0), (d1, t1) in zip(passes, passes[1:]):
+        assert d1 >= d0 or (d0 == t0 and d1 < d0)

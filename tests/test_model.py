@@ -325,3 +325,56 @@ def test_exclusive_options_never_share_a_stage_and_the_search_stays_exact(seed):
             for sc in choice.stages:
                 used = {a.option.name for a in sc.assignments}
                 assert not {"SLCT", "COMM"} <= used
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_pruned_search_equals_the_whole_table(seed, monkeypatch):
+    """best_splits solves only segments whose fastest options fit a rising limit and
+    stops once its top k are certified: the same top k (scores, counts, plans) as a
+    search over every segment, on models where the first limit is often too low."""
+    import gpuknap.search as search_mod
+
+    rng = random.Random(1000 + seed)
+    model = random_model(rng, rng.randint(16, 40), tight=seed % 2 == 0)
+    p = rng.randint(2, min(8, model.layers))
+    calls = []
+    real = search_mod.segment_table
+
+    def recording(*args):
+        table = real(*args)
+        calls.append((args[-1], table.pruned))
+        return table
+
+    for score in ("slowest", "1f1b"):
+        for top in (1, 5, 40):
+            monkeypatch.setattr(search_mod, "segment_table", recording)
+            got = best_splits(model, p, top, score, 1, backend="numpy", bound=True)
+            monkeypatch.setattr(search_mod, "segment_table", lambda *a: real(*a[:-1], math.inf))
+            want = best_splits(model, p, top, score, 1, backend="numpy", bound=True)
+            assert got == want, (score, top)
+    if seed % 2:  # roomy devices: the limit, not memory, leaves segments out
+        assert any(pruned for _, pruned in calls)
+
+
+def test_pruned_search_takes_more_rounds_when_memory_forces_slow_options():
+    """Stages whose memory forces the slowest options score far above the fastest-options
+    bound: the first limit certifies nothing, later ones do, and the answer is exact."""
+    import gpuknap.search as search_mod
+
+    fronts = {"L": [LayerOption("slow", 1, 30.0, 0.0), LayerOption("fast", 40, 1.0, 0.0)]}
+    model = PipelineModel(["L"] * 24, fronts, {"L": 0}, 200, 8)
+    limits = []
+    real = search_mod.segment_table
+
+    def recording(*args):
+        limits.append(args[-1])
+        return real(*args)
+
+    search_mod.segment_table, old = recording, search_mod.segment_table
+    try:
+        got = best_splits(model, 4, 3, "slowest", 1, backend="numpy")
+    finally:
+        search_mod.segment_table = old
+    assert len(limits) > 1
+    want = brute(model, 4, "slowest", 1)[:3]
+    assert [(s, c) for c, s, _ in got] == want

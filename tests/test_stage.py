@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from hypothesis import given, settings, strategies as st
 
 from gpuknap import LayerOption, Layers, choose, least_times, pp_lite, suffix_times, Stage
@@ -158,7 +160,7 @@ def test_checkpointed_traceback_gives_the_same_choice(fr, gs, budget):
     want = choose(gs, fr, budget, 1)
     old = stage_mod._stride
     for stride in (1, 2, 3):  # as if the table were too large: blocks of `stride` layers
-        stage_mod._stride = lambda steps, width, bucket: min(stride, steps)
+        stage_mod._stride = lambda steps, width, n_options, bucket: (min(stride, steps), np.uint8)  # recorded choices, blocks of stride
         try:
             got = choose(gs, fr, budget, 1)
         finally:
