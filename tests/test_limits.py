@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
 import pytest
 
 from gpuknap import LayerOption, Layers, WorkTooLarge, best_splits, choose, least_times, work_limit
