@@ -153,10 +153,10 @@ def _unique_rows(rows: np.ndarray, skip: tuple = ()) -> tuple[np.ndarray, np.nda
 
 
 def _problem(index: KindIndex, row: np.ndarray, k: int) -> StageProblem:
-    in_flight = int(row[0])
+    values = row.tolist()  # a few kinds per row: plain Python beats small numpy calls here
+    in_flight = values[0]
     budget = float(row[1:2].view(np.float64)[0])
-    counts, ranks = row[2:2 + k], row[2 + k:]
-    present = np.flatnonzero(counts > 0)
-    present = present[np.argsort(ranks[present])]
-    runs = tuple(((index.kinds[c], in_flight), int(counts[c])) for c in present.tolist())
+    counts, ranks = values[2:2 + k], values[2 + k:]
+    present = sorted((ranks[c], c) for c in range(k) if counts[c] > 0)
+    runs = tuple(((index.kinds[c], in_flight), counts[c]) for _, c in present)
     return StageProblem(runs, budget)

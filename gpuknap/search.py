@@ -134,7 +134,7 @@ LIMIT_GROWTH = 1.2
 MARGIN = 1e-9
 
 
-def _pruned_search(model: PipelineModel, stages: int, top: int, score: str, bucket: float, in_flight: Any,
+def _pruned_search(model: PipelineModel, stages: int, top: int, score: str, fronts: FrontTable, in_flight: Any,
                    make_table: Any) -> list[tuple]:
     """The exact top ``top`` splits, from tables holding only segments whose fastest
     options take at most a limit ``tau``, raised until the answer is certified.
@@ -150,7 +150,6 @@ def _pruned_search(model: PipelineModel, stages: int, top: int, score: str, buck
     second round always ends the search); with fewer than k, the limit grows by
     a fifth.  Most searches end in one round on far fewer segments than the table.
     """
-    fronts = FrontTable(model.fronts, bucket)
     inflight0 = model.in_flight_table(stages, 1, in_flight)[0][0]
     prefix = fastest_prefix(model, fronts, kind_index(model), inflight0)
     total = float(prefix[-1])
@@ -211,9 +210,12 @@ def best_splits(model: PipelineModel, stages: int, top: int = 1, score: str = "s
     model.in_flight_table(int(stages), 1, in_flight)
     variants = _variants(model, exclusive)
 
+    fronts = {(i, relaxed): FrontTable(v.fronts, bucket, relaxed)  # shared by every round and the plans
+              for i, v in enumerate(variants) for relaxed in (False, True)}
+
     def table(relaxed: bool, limit: float) -> SegmentTable:
-        tables = [segment_table(v, int(stages), bucket, backend, in_flight, max_bytes, relaxed, limit)
-                  for v in variants]
+        tables = [segment_table(v, int(stages), bucket, backend, in_flight, max_bytes, relaxed, limit,
+                                fronts[(i, relaxed)]) for i, v in enumerate(variants)]
         if len(tables) == 1:
             return tables[0]
         width = max(t.width for t in tables)  # bands of the variants, padded to one width, then the least
@@ -221,13 +223,14 @@ def best_splits(model: PipelineModel, stages: int, top: int = 1, score: str = "s
                                                       constant_values=np.inf) for t in tables]),
                             any(t.pruned for t in tables))
 
-    found = _pruned_search(model, int(stages), int(top), score, bucket, in_flight, lambda lim: table(False, lim))
+    found = _pruned_search(model, int(stages), int(top), score, fronts[(0, False)], in_flight,
+                           lambda lim: table(False, lim))
     bounds: list[float] = []
     if bound and found:
-        bounds = [value for _, value in _pruned_search(model, int(stages), len(found), score, bucket, in_flight,
-                                                       lambda lim: table(True, lim))]
+        bounds = [value for _, value in _pruned_search(model, int(stages), len(found), score, fronts[(0, False)],
+                                                       in_flight, lambda lim: table(True, lim))]
     out = []
-    plans = [Planner(v.fronts, bucket) for v in variants]  # the top k share most stages: each solved once
+    plans = [Planner(v.fronts, bucket, table=fronts[(i, False)]) for i, v in enumerate(variants)]  # the top k share most stages: each solved once
     for i, (counts, value) in enumerate(found):
         choices = []
         for stage in model.stages(list(counts), in_flight):  # per stage, the variant that is fastest

@@ -200,7 +200,7 @@ def _cut_rooms(rooms: np.ndarray, prefix: np.ndarray, limit: float) -> np.ndarra
 
 def segment_table(model: Any, stages: int, bucket: float, backend: Any,
                   in_flight: Any = None, max_bytes: int | None = None, relaxed: bool = False,
-                  limit: float = math.inf) -> SegmentTable:
+                  limit: float = math.inf, fronts: FrontTable | None = None) -> SegmentTable:
     """Least time of stage s on layers ``start:end`` for every segment of a split.
 
     Every candidate segment (within its stage's span bound) is classified with
@@ -211,10 +211,12 @@ def segment_table(model: Any, stages: int, bucket: float, backend: Any,
 
     ``limit``: leave out (as ``inf``, with ``pruned`` set) the segments whose
     fastest options alone take longer than ``limit``; a search that finds its
-    answers at or under ``limit`` is then still exact (``best_splits``).
+    answers at or under ``limit`` is then still exact (``best_splits``).  ``fronts``: a
+    FrontTable of the model's fronts at this bucket (and ``relaxed``) to reuse.
     """
     n = model.layers
-    fronts = FrontTable(model.fronts, bucket, relaxed)  # relaxed: lower bounds on exact-bytes times
+    if fronts is None:
+        fronts = FrontTable(model.fronts, bucket, relaxed)  # relaxed: lower bounds on exact-bytes times
     inflight, index, rooms = _search_space(model, stages, fronts, in_flight)
     if coverable_layers(rooms, n) < n:
         return SegmentTable(np.full((stages, n + 1, 1), np.inf))

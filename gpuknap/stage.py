@@ -280,9 +280,10 @@ class Planner:
     ``relaxed=True`` (weights rounded down, budgets up) the stage times are
     lower bounds on what exact bytes allow, not plans."""
 
-    def __init__(self, fronts: Fronts, bucket: float = MEGABYTE, relaxed: bool = False):
+    def __init__(self, fronts: Fronts, bucket: float = MEGABYTE, relaxed: bool = False,
+                 table: FrontTable | None = None):
         self.fronts = fronts
-        self.table = FrontTable(fronts, bucket, relaxed)
+        self.table = FrontTable(fronts, bucket, relaxed) if table is None else table
         self._cache: dict[tuple, StageChoice | None] = {}
 
     def __call__(self, stages: Sequence[Stage]) -> PipelineChoice | None:

@@ -342,14 +342,14 @@ def test_pruned_search_equals_the_whole_table(seed, monkeypatch):
 
     def recording(*args):
         table = real(*args)
-        calls.append((args[-1], table.pruned))
+        calls.append((args[7], table.pruned))  # args[7]: the limit
         return table
 
     for score in ("slowest", "1f1b"):
         for top in (1, 5, 40):
             monkeypatch.setattr(search_mod, "segment_table", recording)
             got = best_splits(model, p, top, score, 1, backend="numpy", bound=True)
-            monkeypatch.setattr(search_mod, "segment_table", lambda *a: real(*a[:-1], math.inf))
+            monkeypatch.setattr(search_mod, "segment_table", lambda *a: real(*a[:7], math.inf, *a[8:]))
             want = best_splits(model, p, top, score, 1, backend="numpy", bound=True)
             assert got == want, (score, top)
     if seed % 2:  # roomy devices: the limit, not memory, leaves segments out
@@ -367,7 +367,7 @@ def test_pruned_search_takes_more_rounds_when_memory_forces_slow_options():
     real = search_mod.segment_table
 
     def recording(*args):
-        limits.append(args[-1])
+        limits.append(args[7])
         return real(*args)
 
     search_mod.segment_table, old = recording, search_mod.segment_table
