@@ -125,43 +125,59 @@ class Front:
         return len(self.options) - 1
 
 
-def useful_options(kind: Hashable, options: Sequence[Any], in_flight: int) -> list[tuple[float, float, Any]]:
+def useful_options(kind: Hashable, options: Sequence[Any], in_flight: int,
+                   times: list[float] | None = None) -> list[tuple[float, float, Any]]:
     """``(memory, time, option)`` of the useful options, lightest to fastest.
 
     Sort by ``(memory(k), time)`` and keep an option only if it is strictly
     faster than every option kept before it.  Raises ValueError for an empty
-    front, NaN or negative times and negative memory.
+    front, NaN or negative times and negative memory.  ``times``: the options'
+    forward + backward times from :func:`option_times` (checked once per kind).
     """
-    if isinstance(options, (str, bytes)) or not isinstance(options, (Sequence, np.ndarray)):
-        raise ValueError(f"fronts[{kind!r}] must be a sequence of options, got {type(options).__name__}")
-    if len(options) == 0:
-        raise ValueError(f"fronts[{kind!r}] is empty: every kind needs at least one option")
+    if times is None:
+        times = option_times(kind, options)
     rows = []
     for j, opt in enumerate(options):
         where = f"fronts[{kind!r}][{j}]"
         try:
-            fwd, bwd = opt.forward_time, opt.backward_time
             mem = opt.memory(in_flight)
         except AttributeError as exc:
             raise ValueError(f"{where} is not an option (needs memory(k), forward_time, backward_time)") from exc
         except (TypeError, ValueError, ArithmeticError) as exc:
             raise ValueError(f"{where}.memory({in_flight}) failed: {exc}") from None
-        for name, val in (("forward_time", fwd), ("backward_time", bwd)):
-            check_number(val, f"{where}.{name}")
-            if val < 0:
-                raise ValueError(f"{where}.{name} must be >= 0, got {val!r}")
-            if val > MAX_TIME:
-                raise ValueError(f"{where}.{name} must be at most {MAX_TIME:g}, got {val!r}")
         check_number(mem, f"{where}.memory({in_flight})")
         if mem < 0:
             raise ValueError(f"{where}.memory({in_flight}) comes out negative ({mem!r} bytes)")
-        rows.append((float(mem), float(fwd + bwd), j, opt))
+        rows.append((float(mem), times[j], j, opt))
     rows.sort(key=lambda r: (r[0], r[1], r[2]))
     kept: list[tuple[float, float, Any]] = []
     for mem, time, _, opt in rows:
         if not kept or time < kept[-1][1]:
             kept.append((mem, time, opt))
     return kept
+
+
+def option_times(kind: Hashable, options: Sequence[Any]) -> list[float]:
+    """Each option's ``forward_time + backward_time``, validated (the same at every in-flight count)."""
+    if isinstance(options, (str, bytes)) or not isinstance(options, (Sequence, np.ndarray)):
+        raise ValueError(f"fronts[{kind!r}] must be a sequence of options, got {type(options).__name__}")
+    if len(options) == 0:
+        raise ValueError(f"fronts[{kind!r}] is empty: every kind needs at least one option")
+    out = []
+    for j, opt in enumerate(options):
+        where = f"fronts[{kind!r}][{j}]"
+        try:
+            fwd, bwd = opt.forward_time, opt.backward_time
+        except AttributeError as exc:
+            raise ValueError(f"{where} is not an option (needs memory(k), forward_time, backward_time)") from exc
+        for name, val in (("forward_time", fwd), ("backward_time", bwd)):
+            check_number(val, f"{where}.{name}")
+            if val < 0:
+                raise ValueError(f"{where}.{name} must be >= 0, got {val!r}")
+            if val > MAX_TIME:
+                raise ValueError(f"{where}.{name} must be at most {MAX_TIME:g}, got {val!r}")
+        out.append(float(fwd + bwd))
+    return out
 
 
 class FrontTable:
@@ -179,6 +195,7 @@ class FrontTable:
         self.bucket = check_bucket(bucket)
         self.relaxed = bool(relaxed)
         self._cache: dict[tuple, Front] = {}
+        self._times: dict[Hashable, list[float]] = {}
 
     def get(self, kind: Hashable, in_flight: int) -> Front:
         """The front of ``kind`` at ``in_flight`` (validated on first use)."""
@@ -192,7 +209,10 @@ class FrontTable:
                 options = self.fronts[kind]
             except (KeyError, TypeError):
                 raise ValueError(f"kind {kind!r} is missing from fronts") from None
-            kept = useful_options(kind, options, int(in_flight))
+            times = self._times.get(kind)
+            if times is None:
+                times = self._times[kind] = option_times(kind, options)
+            kept = useful_options(kind, options, int(in_flight), times)
             mems = np.array([m for m, _, _ in kept], dtype=np.float64)
             times = np.array([t for _, t, _ in kept], dtype=np.float64)
             weigh = buckets_down if self.relaxed else buckets_up

@@ -38,14 +38,18 @@ from .limits import MAX_TOP
 from .model import PipelineModel
 from .options import MEGABYTE, check_bucket, check_int
 from .results import PipelineChoice
+from .results import Stage
+from .schedule import iteration_times
 from .search_1f1b import top_1f1b
+from .search_simulated import top_simulated
+from .timeline import stage_forward_backward
 from .classify import kind_index
 from .options import FrontTable
 from .segments import SegmentTable, coverage, fastest_prefix, segment_table  # noqa: F401 (coverage: API)
 from .progress import report
 from .stage import Planner
 
-SCORES = ("slowest", "1f1b")
+SCORES = ("slowest", "1f1b", "simulated")
 
 
 def exact_score(times: Any, score: str, micro_batches: int) -> Fraction:
@@ -113,7 +117,8 @@ def _top_slowest(T: SegmentTable, top: int) -> list[tuple]:
         else:
             lo = mid + 1
     tau_k = values[lo]
-    below = _walk_lex(T, values[lo - 1], False, top) if lo > 0 else []
+    # Fewer than k splits score below tau_k (none when k is 1: nothing to walk).
+    below = _walk_lex(T, values[lo - 1], False, top) if lo > 0 and top > 1 else []
     ranked = sorted(((max(_times_of(T, c)), c) for c in below))
     at_tau = _walk_lex(T, tau_k, True, top - len(ranked))
     return [(c, t) for t, c in ranked] + [(c, float(tau_k)) for c in at_tau]
@@ -180,7 +185,10 @@ def best_splits(model: PipelineModel, stages: int, top: int = 1, score: str = "s
     """The exact ``top`` splits of ``model`` into ``stages`` stages, best first.
 
     Each entry is ``(counts, score, PipelineChoice)``; ties by counts in
-    lexicographic order.  An infeasible model gives an empty list.
+    lexicographic order.  An infeasible model gives an empty list.  Scores:
+    ``slowest`` (the slowest stage), ``1f1b`` (``(M - 1) * slowest + sum``) and
+    ``simulated`` (Megatron's 1F1B schedule simulated with each stage's
+    forward and backward times from its plan; :mod:`gpuknap.search_simulated`).
 
     ``bound=True`` certifies the bucketing: entries are ``(counts, score,
     choice, lower_bound)``, where ``lower_bound`` is the i-th best score of the
@@ -203,6 +211,8 @@ def best_splits(model: PipelineModel, stages: int, top: int = 1, score: str = "s
         raise ValueError(f"top={top} is over the limit of {MAX_TOP} splits per search")
     if not isinstance(score, str) or score not in SCORES:
         raise ValueError(f"score must be one of {SCORES}, got {score!r}")
+    if bound and score == "simulated":
+        raise ValueError("bound=True certifies the slowest and 1f1b scores; the simulated score has no bound")
     check_bucket(bucket)
     get_backend(backend)
     if max_bytes is not None:
@@ -223,8 +233,13 @@ def best_splits(model: PipelineModel, stages: int, top: int = 1, score: str = "s
                                                       constant_values=np.inf) for t in tables]),
                             any(t.pruned for t in tables))
 
-    found = _pruned_search(model, int(stages), int(top), score, fronts[(0, False)], in_flight,
-                           lambda lim: table(False, lim))
+    plans = [Planner(v.fronts, bucket, table=fronts[(i, False)]) for i, v in enumerate(variants)]
+    if score == "simulated":
+        found = _simulated_search(model, int(stages), int(top), fronts[(0, False)], in_flight, plans,
+                                  lambda lim: table(False, lim))
+    else:
+        found = _pruned_search(model, int(stages), int(top), score, fronts[(0, False)], in_flight,
+                               lambda lim: table(False, lim))
     bounds: list[float] = []
     if bound and found:
         bounds = [value for _, value in _pruned_search(model, int(stages), len(found), score, fronts[(0, False)],
@@ -241,6 +256,42 @@ def best_splits(model: PipelineModel, stages: int, top: int = 1, score: str = "s
         out.append(entry + (float(bounds[i]),) if bound else entry)
         report("plans", i + 1, len(found))
     return out
+
+
+def _fastest(plans: list[Planner], stage: Any) -> Any:
+    """A stage's choice: the fastest among the variants' plans (each solved once)."""
+    solved = [c for c in (plan.stage(stage) for plan in plans) if c is not None]
+    return min(solved, key=lambda c: c.time)
+
+
+def _simulated_search(model: PipelineModel, stages: int, top: int, fronts: FrontTable, in_flight: Any,
+                      plans: list[Planner], make_table: Any) -> list[tuple]:
+    """The exact top ``top`` by simulated 1F1B time (:mod:`gpuknap.search_simulated`).
+
+    The closed-form search's best splits, simulated, give a k-th best ``tau``; a
+    split with a stage slower than ``tau / M`` simulates slower than ``tau``
+    (stage s alone is busy ``M * t_s``), so the table only needs the segments
+    whose fastest options fit ``tau / M``."""
+    seeds = _pruned_search(model, stages, max(top, 8), "1f1b", fronts, in_flight, make_table)
+    inflight = [row[0] for row in model.in_flight_table(stages, 1, in_flight)]
+
+    def stage_times(s: int, a: int, b: int) -> tuple[float, float]:
+        groups = model.segment_groups(a, b, inflight[s])
+        return stage_forward_backward(model, a, b, _fastest(plans, Stage(groups, model.budget_of(groups))))
+
+    limit = math.inf
+    if len(seeds) >= top:
+        fwd, bwd = np.empty((len(seeds), stages, 1)), np.empty((len(seeds), stages, 1))
+        for i, (counts, _) in enumerate(seeds):
+            bounds = np.concatenate(([0], np.cumsum(counts))).tolist()
+            for s in range(stages):
+                fwd[i, s, 0], bwd[i, s, 0] = stage_times(s, bounds[s], bounds[s + 1])
+        tau = float(np.sort(iteration_times(fwd, bwd, model.micro_batches))[top - 1])
+        limit = tau * (1 + MARGIN) / model.micro_batches
+    index = kind_index(model)
+    slowest = np.array([max(o.forward_time for o in model.fronts[kind]) for kind in index.kinds])
+    prefix = np.concatenate(([0.0], np.cumsum(slowest[index.codes])))
+    return top_simulated(make_table(limit), top, model.micro_batches, stage_times, prefix)
 
 
 def _variants(model: PipelineModel, exclusive: Any) -> list[PipelineModel]:

@@ -46,6 +46,21 @@ def chunk_times(model: Any, counts: Sequence[int], names: Sequence[str], chunks:
     return ChunkTimes(fwd, bwd, rec)
 
 
+def stage_forward_backward(model: Any, start: int, stop: int, choice: Any) -> tuple[float, float]:
+    """Forward and backward time of one stage (one chunk) on layers ``start:stop`` under its
+    solved ``choice``, summed layer by layer in model order as :func:`chunk_times` does
+    (a kind's layers take its chosen options slowest first, as ``model.option_names``)."""
+    queues: dict[Any, list] = {}
+    for a in choice.assignments:
+        queues.setdefault(a.layers.kind, []).extend([a.option] * a.count)
+    fwd = bwd = 0.0
+    for kind in model.kinds[start:stop]:
+        option = queues[kind].pop(0)
+        fwd += option.forward_time
+        bwd += option.backward_time
+    return fwd, bwd
+
+
 def timeline_of(model: Any, counts: Sequence[int], names: Sequence[str], chunks: int = 1,
                 p2p: float = 0.0) -> tuple[Timeline, ChunkTimes]:
     """Simulate Megatron's schedule (interleaved when ``chunks > 1``) for a solved split."""
