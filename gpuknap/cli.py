@@ -24,7 +24,7 @@ from .limits import MAX_TOP, work_limit
 from .model import MAX_IN_FLIGHT, MAX_LAYERS
 from .options import FrontTable
 from .progress import Bar, reporting
-from .report import (JSON_VERSION, format_split, plot_curve, plot_scores, plot_splits, plot_timeline,
+from .report import (JSON_VERSION, format_split, plot_best, plot_curve, plot_scores, plot_timeline,
                      require_matplotlib, split_record)
 from .search import SCORES, best_splits, coverage
 from .spec import Spec, load_spec
@@ -87,9 +87,11 @@ def _stages(args: argparse.Namespace, spec: Spec) -> int:
 def cmd_best(args: argparse.Namespace) -> int:
     spec = _spec(args, args.spec)
     stages = _stages(args, spec)
-    if spec.chunks > 1:
-        raise BadInput(f"{spec.source}: pipeline.interleave: best searches plain 1F1B pipelines; "
-                       "use 'rank' for interleaved splits")
+    chunks = args.interleave or spec.chunks
+    in_flight = spec.in_flight if chunks == spec.chunks else None  # another --interleave: the schedule's table
+    if chunks > 1 and args.emit in formats.EMITTERS:
+        raise BadInput(f"--emit {args.emit}: framework settings are written for plain pipelines; "
+                       "drop --interleave (or use --emit json)")
     backend = get_backend(args.backend)
     model = spec.model
     if args.emit in formats.EMITTERS:  # search among the plans the framework can run
@@ -97,29 +99,43 @@ def cmd_best(args: argparse.Namespace) -> int:
             model = formats.restrict(model, args.emit)
         except ValueError as exc:
             raise BadInput(f"--emit {args.emit}: {spec.source}: {exc}") from None
-    found = best_splits(model, stages, args.top, args.score, spec.bucket, backend, spec.in_flight,
-                        _max_bytes(args), bound=args.bound, exclusive=formats.EXCLUSIVE.get(args.emit, ()))
-    records = [split_record(spec.model, f[0], f[2], args.score, f[1], spec.in_flight,
+    found = best_splits(model, stages, args.top, args.score, spec.bucket, backend, in_flight, _max_bytes(args),
+                        bound=args.bound, exclusive=formats.EXCLUSIVE.get(args.emit, ()), interleave=chunks)
+    exact = getattr(found, "exact", True)
+    records = [split_record(spec.model, f[0], f[2], args.score, f[1], in_flight, chunks,
                             lower_bound=f[3] if args.bound else None, bucket=spec.bucket) for f in found]
-    payload = {**_header("best", spec, backend.name), "stages": stages, "score": args.score,
-               "top": args.top, "results": records}
+    for r, simulated in zip(records, timeline.simulated_times(spec.model, found, in_flight, chunks)):
+        r["iteration_time_simulated"] = simulated
+    payload = {**_header("best", spec, backend.name), "stages": stages, "interleave": chunks, "score": args.score,
+               "top": args.top, "exact": exact, "results": records}
+    if not exact:
+        payload["optimum_lower_bound"] = found.lower_bound
+    shape = f"{stages} stages" + (f" x {chunks} chunks" if chunks > 1 else "")
     if not found:
-        held = coverage(spec.model, stages, spec.bucket, spec.in_flight)
+        held = coverage(spec.model, stages, spec.bucket, spec.in_flight) if chunks == 1 else spec.model.layers
         payload["coverable_layers"] = held
         why = ("" if held >= spec.model.layers else
                ": not even its first layer fits on a device" if held == 0 else
                f": even with their lightest options the {stages} stages hold at most {held:,} of its "
                f"{spec.model.layers:,} layers")
-        _emit(args, payload, f"no feasible split of {spec.name} into {stages} stages fits the device memory{why}")
+        _emit(args, payload, f"no feasible split of {spec.name} into {shape} fits the device memory{why}"
+              + ("" if exact else " (among the splits a local search tried)"))
         return EXIT_INFEASIBLE
-    text = "\n\n".join(format_split(r, f"#{i + 1} of {spec.name}, {stages} stages") for i, r in enumerate(records))
+    text = "\n\n".join(format_split(r, f"#{i + 1} of {spec.name}, {shape}") for i, r in enumerate(records))
+    if not exact:
+        text += (f"\n\nlocal search over interleaved splits (the layers are not one kind between the first and "
+                 f"the last): not proven optimal; the optimum is at least {found.lower_bound:.6g}")
     if args.emit in formats.EMITTERS:  # the best split's settings, in place of the tables
         try:
             text = formats.emit(args.emit, model, found[0][0], found[0][2], spec.name, found[0][1], spec.in_flight)
         except ValueError as exc:
             raise BadInput(f"--emit {args.emit}: {spec.source}: {exc}") from None
     if args.plot:
-        plot_splits(records, args.plot)
+        try:
+            solved = timeline.of_split(spec.model, found[0][0], spec.bucket, in_flight, chunks)
+        except ValueError:  # too many operations to draw: the stage chart alone
+            solved = None
+        plot_best(records, solved, args.plot, f"{spec.name}, {shape}: best split {list(found[0][0])}")
     _emit(args, payload, text)
     return EXIT_OK
 
@@ -256,10 +272,8 @@ def cmd_timeline(args: argparse.Namespace) -> int:
     if args.counts:
         counts = _counts(args.counts)
     else:
-        if chunks > 1:
-            raise BadInput("--counts: needed for an interleaved timeline (best searches plain pipelines)")
         found = best_splits(spec.model, _stages(args, spec), 1, "1f1b", spec.bucket, get_backend(args.backend),
-                            spec.in_flight, _max_bytes(args))
+                            spec.in_flight if chunks == spec.chunks else None, _max_bytes(args), interleave=chunks)
         if not found:
             print(f"no feasible split of {spec.name}", file=sys.stderr)
             return EXIT_INFEASIBLE
@@ -316,7 +330,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="spec (YAML/JSON), SAPP-PPB profile or Hugging Face config.json; default: a shipped example")
     b.add_argument("--stages", type=integer("--stages", 1, MAX_LAYERS), help="pipeline stages (overrides the spec)")
     b.add_argument("--top", type=integer("--top", 1, MAX_TOP), default=1, help=f"how many splits (default 1, at most {MAX_TOP})")
-    b.add_argument("--score", choices=SCORES, default="slowest", help="slowest stage or 1F1B iteration time")
+    b.add_argument("--score", choices=SCORES, default="slowest",
+                   help="slowest stage, 1F1B closed form, or Megatron's 1F1B schedule simulated")
+    b.add_argument("--interleave", type=integer("--interleave", 1, 64), metavar="V",
+                   help="search interleaved splits of V chunks per stage (default: the spec's)")
     b.add_argument("--emit", choices=("json", *formats.EMITTERS),
                    help="print the best split as settings for a training framework (or the JSON)")
     b.add_argument("--bound", action="store_true",

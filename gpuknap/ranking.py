@@ -60,6 +60,14 @@ class Ranking:
             raise IndexError(f"candidate index {i!r} out of range for {len(self)} candidates")
         return int(i) % len(self)
 
+    def stage_table(self) -> np.ndarray:
+        """Per-stage times of every candidate as ``[B, P]`` (candidates of P stages each;
+        a stage without a choice is ``inf``)."""
+        sizes = np.diff(self._offsets)
+        if len(sizes) and (sizes != sizes[0]).any():
+            raise ValueError("stage_table needs candidates with the same number of stages")
+        return np.asarray(self._stage_times, dtype=np.float64).reshape(len(self), -1)
+
     def times(self, i: int) -> list[float] | None:
         """Per-stage times of candidate ``i`` (fixed time included), or None."""
         i = self._index(i)

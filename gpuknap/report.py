@@ -71,7 +71,8 @@ def split_record(model: PipelineModel, counts: Sequence[int], choice: PipelineCh
         "score": _finite(value),
         "score_kind": score,
         "slowest": slowest,
-        "iteration_time_1f1b": score_of(choice.times, "1f1b", model.micro_batches),
+        "iteration_time_1f1b": (score_of(choice.times, "1f1b", model.micro_batches) if chunks == 1 else
+                                ((chunks * model.micro_batches - 1) * slowest + sum(choice.times)) / chunks),
         "stages": rows,
         **({} if lower_bound is None else {"lower_bound": lower_bound}),
     }
@@ -91,7 +92,10 @@ def format_split(record: dict, title: str) -> str:
         inflight = r["in_flight"] if not isinstance(r["in_flight"], list) else ",".join(map(str, r["in_flight"]))
         low = f" {r['time_lower_bound']:>11.6g}" if bounded else ""
         lines.append(f"{r['stage']:>5} {r['layers']:>6} {inflight!s:>9} {mem:>24} {r['time']:>11.6g}{mark}{low}  {opts}")
-    lines.append(f"slowest stage {record['slowest']:.6g}; 1F1B iteration time {record['iteration_time_1f1b']:.6g}")
+    closed = "interleaved 1F1B closed form" if isinstance(record["stages"][0]["first_layer"], list) else "1F1B closed form"
+    simulated = record.get("iteration_time_simulated")
+    lines.append(f"slowest stage {record['slowest']:.6g}; {closed} {record['iteration_time_1f1b']:.6g}"
+                 + ("" if simulated is None else f"; simulated schedule {simulated:.6g}"))
     return "\n".join(lines)
 
 
@@ -110,10 +114,8 @@ def require_matplotlib() -> None:
     _pyplot()
 
 
-def plot_splits(records: Sequence[dict], path: str) -> None:
+def _draw_splits(ax_t: Any, ax_m: Any, records: Sequence[dict]) -> None:
     """Per-stage time, and memory against budget, for each of the best splits."""
-    plt = _pyplot()
-    fig, (ax_t, ax_m) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
     width = 0.8 / max(len(records), 1)
     for i, rec in enumerate(records):
         xs = np.arange(len(rec["stages"])) + i * width
@@ -124,8 +126,35 @@ def plot_splits(records: Sequence[dict], path: str) -> None:
     ax_m.set_ylabel("memory (MiB); - budget")
     ax_m.set_xlabel("stage")
     ax_t.legend(fontsize=6)
+
+
+def plot_splits(records: Sequence[dict], path: str) -> None:
+    """Per-stage time, and memory against budget, for each of the best splits."""
+    plt = _pyplot()
+    fig, (ax_t, ax_m) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    _draw_splits(ax_t, ax_m, records)
     fig.tight_layout()
     fig.savefig(path)
+    plt.close(fig)
+
+
+def plot_best(records: Sequence[dict], solved: Any, path: str, title: str) -> None:
+    """``best --plot``: the best split's schedule as a Gantt chart (when ``solved``, from
+    :func:`gpuknap.timeline.of_split`) above the per-stage time and memory of the splits found."""
+    if solved is None:
+        return plot_splits(records, path)
+    plt = _pyplot()
+    t, times = solved[0], solved[1]
+    fig = plt.figure(figsize=(12, 0.45 * t.stages + 6.5))
+    grid = fig.add_gridspec(3, 1, height_ratios=[0.45 * t.stages + 1.8, 2.2, 2.2])
+    ax_g = fig.add_subplot(grid[0])
+    _draw_timeline(plt, ax_g, t, times, title)
+    ax_t = fig.add_subplot(grid[1])
+    ax_m = fig.add_subplot(grid[2], sharex=ax_t)
+    _draw_splits(ax_t, ax_m, records)
+    ax_t.set_title("per-stage time and memory of the splits found", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
@@ -172,9 +201,16 @@ def plot_timeline(t: Any, times: Any, path: str, title: str) -> None:
     chunks told apart by shade and hatch, the recompute part of each backward hatched, idle
     time left white; iteration time and bubble in the title."""
     plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(12, 0.45 * t.stages + 1.8))
+    _draw_timeline(plt, ax, t, times, title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _draw_timeline(plt: Any, ax: Any, t: Any, times: Any, title: str) -> None:
     from matplotlib.patches import Patch
 
-    fig, ax = plt.subplots(figsize=(12, 0.45 * t.stages + 1.8))
     cmap = plt.get_cmap("tab20")
     for op in t.ops:
         colour = cmap(op.micro_batch % 20)
@@ -202,6 +238,3 @@ def plot_timeline(t: Any, times: Any, path: str, title: str) -> None:
         handles.append(Patch(facecolor="white", edgecolor="black", hatch="..", label="odd chunks (dotted)"))
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.9 / (0.45 * t.stages + 1.8)),
               ncol=len(handles), fontsize=8, frameon=False)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)

@@ -41,6 +41,7 @@ from .results import PipelineChoice
 from .results import Stage
 from .schedule import iteration_times
 from .search_1f1b import top_1f1b
+from .search_interleaved import Found, best_interleaved
 from .search_simulated import top_simulated
 from .timeline import stage_forward_backward
 from .classify import kind_index
@@ -140,7 +141,7 @@ MARGIN = 1e-9
 
 
 def _pruned_search(model: PipelineModel, stages: int, top: int, score: str, fronts: FrontTable, in_flight: Any,
-                   make_table: Any) -> list[tuple]:
+                   make_table: Any, micro_batches: int | None = None) -> list[tuple]:
     """The exact top ``top`` splits, from tables holding only segments whose fastest
     options take at most a limit ``tau``, raised until the answer is certified.
 
@@ -154,11 +155,11 @@ def _pruned_search(model: PipelineModel, stages: int, top: int, score: str, fron
     not certified, the next limit is the one their k-th score certifies (so a
     second round always ends the search); with fewer than k, the limit grows by
     a fifth.  Most searches end in one round on far fewer segments than the table.
+    ``micro_batches``: the ``M`` of the 1f1b score, when not the model's.
     """
-    inflight0 = model.in_flight_table(stages, 1, in_flight)[0][0]
-    prefix = fastest_prefix(model, fronts, kind_index(model), inflight0)
+    prefix = fastest_prefix(model, fronts, kind_index(model), 1)  # times do not depend on in-flight counts
     total = float(prefix[-1])
-    m = model.micro_batches
+    m = model.micro_batches if micro_batches is None else micro_batches
     limit = max(total / stages, float(np.diff(prefix).max(initial=0.0))) * 1.1
     if score == "1f1b" and m == 1:
         limit = math.inf  # the bound (M - 1) * tau + F says nothing: search the whole table
@@ -181,7 +182,8 @@ def _pruned_search(model: PipelineModel, stages: int, top: int, score: str, fron
 
 def best_splits(model: PipelineModel, stages: int, top: int = 1, score: str = "slowest",
                 bucket: float = MEGABYTE, backend: Any = "auto", in_flight: Any = None,
-                max_bytes: int | None = None, bound: bool = False, exclusive: Any = ()) -> list[tuple]:
+                max_bytes: int | None = None, bound: bool = False, exclusive: Any = (),
+                interleave: int = 1) -> list[tuple]:
     """The exact ``top`` splits of ``model`` into ``stages`` stages, best first.
 
     Each entry is ``(counts, score, PipelineChoice)``; ties by counts in
@@ -201,6 +203,13 @@ def best_splits(model: PipelineModel, stages: int, top: int = 1, score: str = "s
     stage (MindFormers applies select and comm recompute to the first layers
     of a stage, so it cannot run ``SLCT`` and ``COMM`` layers side by side):
     every stage then takes the better of its choices without each name.
+
+    ``interleave=v`` searches interleaved splits: ``v * stages`` counts in
+    chunk-major order (:mod:`gpuknap.search_interleaved`; exact for models whose
+    layers between the first and the last are of one kind, else a local search:
+    the list returned is a :class:`~gpuknap.search_interleaved.Found` whose
+    ``exact`` and ``lower_bound`` say which).  ``1f1b`` is then the interleaved
+    closed form ``(M - 1/v) * slowest + sum / v``.
     """
     if not isinstance(model, PipelineModel):
         raise ValueError(f"model must be a PipelineModel, got {type(model).__name__}")
@@ -217,6 +226,10 @@ def best_splits(model: PipelineModel, stages: int, top: int = 1, score: str = "s
     get_backend(backend)
     if max_bytes is not None:
         check_max_bytes(max_bytes)
+    interleave = check_int(interleave, "interleave", 1)
+    if interleave > 1:
+        return _interleaved(model, int(stages), int(top), score, bucket, backend, in_flight, max_bytes, bound,
+                            exclusive, interleave)
     model.in_flight_table(int(stages), 1, in_flight)
     variants = _variants(model, exclusive)
 
@@ -245,15 +258,31 @@ def best_splits(model: PipelineModel, stages: int, top: int = 1, score: str = "s
         bounds = [value for _, value in _pruned_search(model, int(stages), len(found), score, fronts[(0, False)],
                                                        in_flight, lambda lim: table(True, lim))]
     out = []
-    plans = [Planner(v.fronts, bucket, table=fronts[(i, False)]) for i, v in enumerate(variants)]  # the top k share most stages: each solved once
     for i, (counts, value) in enumerate(found):
-        choices = []
-        for stage in model.stages(list(counts), in_flight):  # per stage, the variant that is fastest
-            solved = [c for c in (plan.stage(stage) for plan in plans) if c is not None]
-            choices.append(min(solved, key=lambda c: c.time))
+        choices = [_fastest(plans, stage) for stage in model.stages(list(counts), in_flight)]
         choice = PipelineChoice(tuple(choices), tuple(c.time for c in choices))
         entry = (tuple(int(c) for c in counts), float(value), choice)
         out.append(entry + (float(bounds[i]),) if bound else entry)
+        report("plans", i + 1, len(found))
+    return out
+
+
+def _interleaved(model: PipelineModel, stages: int, top: int, score: str, bucket: float, backend: Any,
+                 in_flight: Any, max_bytes: int | None, bound: bool, exclusive: Any, chunks: int) -> Found:
+    """``best_splits`` for interleaved pipelines, with each split's plan."""
+    if score == "simulated" or bound or not (exclusive is None or exclusive == ()):
+        what = "score='simulated'" if score == "simulated" else "bound=True" if bound else "exclusive options"
+        raise ValueError(f"interleave={chunks}: {what} is for plain pipelines only (interleave=1)")
+    if stages * chunks > model.layers:
+        raise ValueError(f"{stages} stages x {chunks} chunks need at least {stages * chunks} layers, "
+                         f"the model has {model.layers}")
+    found = best_interleaved(model, stages, chunks, top, score, bucket, backend, in_flight, max_bytes)
+    plan = Planner(model.fronts, bucket)
+    out = Found()
+    out.exact, out.lower_bound = found.exact, found.lower_bound
+    for i, (counts, value) in enumerate(found):
+        choice = plan(model.stages(list(counts), in_flight, chunks))
+        out.append((tuple(int(c) for c in counts), float(value), choice))
         report("plans", i + 1, len(found))
     return out
 

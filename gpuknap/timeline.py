@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .schedule import Timeline, simulate
+from .schedule import Timeline, iteration_times, simulate
 
 #: Most operations the command line simulates and prints (2 x stages x chunks x micro-batches).
 MAX_TIMELINE_OPS = 1_000_000
@@ -89,6 +89,20 @@ def of_split(model: Any, counts: Sequence[int], bucket: float, in_flight: Any = 
         stage_times = [f[0] + b[0] for f, b in zip(times.forward, times.backward)]
         closed = (model.micro_batches - 1) * max(stage_times) + sum(stage_times)
     return t, times, closed
+
+
+def simulated_times(model: Any, found: Sequence[tuple], in_flight: Any = None, chunks: int = 1) -> list[float]:
+    """The simulated iteration time (Megatron's schedule, no transfer time) of each solved
+    split ``(counts, score, choice, ...)``, all in one batch."""
+    if not found:
+        return []
+    p = len(found[0][0]) // chunks
+    fwd, bwd = np.empty((len(found), p, chunks)), np.empty((len(found), p, chunks))
+    for i, entry in enumerate(found):
+        names = model.option_names(entry[0], entry[2], in_flight, chunks)
+        times = chunk_times(model, entry[0], names, chunks)
+        fwd[i], bwd[i] = times.forward, times.backward
+    return iteration_times(fwd, bwd, model.micro_batches, "interleaved" if chunks > 1 else "1f1b").tolist()
 
 
 def record(t: Timeline, times: ChunkTimes, counts: Sequence[int]) -> dict:

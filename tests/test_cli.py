@@ -29,7 +29,7 @@ def test_best_default_example_human_table():
     assert "slowest" in p.stdout and "*" in p.stdout and "memory / budget" in p.stdout
 
 
-@pytest.mark.parametrize("score", ["slowest", "1f1b"])
+@pytest.mark.parametrize("score", ["slowest", "1f1b", "simulated"])
 def test_best_json_matches_solver(score):
     p = run("best", DEMO, "--top", "3", "--score", score, "--json", check_rc=0)
     out = json.loads(p.stdout)
@@ -135,3 +135,43 @@ def test_best_bound_json_matches_the_api():
         assert all(st["time_lower_bound"] <= st["time"] for st in r["stages"])
     human = run("best", DEMO, "--bucket", "300MiB", "--bound", check_rc=0).stdout
     assert "exact-bytes optimum >=" in human and ">= bound" in human
+
+
+def test_best_interleaved_json_plot_and_simulated_times(tmp_path):
+    """best --interleave: the same splits as the API, each with its simulated schedule time
+    (equal to gpuknap timeline's), and a picture."""
+    png = tmp_path / "best.png"
+    args = ("best", DEMO, "--capacity", "160GiB", "--stages", "4", "--interleave", "2", "--top", "2",
+            "--score", "1f1b")
+    out = json.loads(run(*args, "--json", "--plot", str(png), check_rc=0).stdout)
+    spec = load_spec(DEMO, capacity="160GiB")
+    want = best_splits(spec.model, 4, 2, "1f1b", spec.bucket, backend="numpy", interleave=2)
+    assert out["interleave"] == 2 and out["exact"] is True
+    assert [r["counts"] for r in out["results"]] == [list(c) for c, _, _ in want]
+    assert [r["score"] for r in out["results"]] == [s for _, s, _ in want]
+    first = out["results"][0]
+    t = json.loads(run("timeline", DEMO, "--capacity", "160GiB", "--interleave", "2", "--counts",
+                       ",".join(map(str, first["counts"])), "--json", check_rc=0).stdout)["timeline"]
+    assert first["iteration_time_simulated"] == t["iteration_time"]
+    assert png.stat().st_size > 10_000
+    human = run(*args, check_rc=0).stdout
+    assert "4 stages x 2 chunks" in human and "simulated schedule" in human
+
+
+def test_best_interleaved_local_search_says_so(tmp_path):
+    spec = {"device": {"capacity": "80 GiB"}, "pipeline": {"stages": 2, "micro_batches": 4},
+            "kinds": {k: {"static": "1 GiB", "options": [{"name": "none", "memory": "1 GiB",
+                                                            "forward": f"{f} ms", "backward": f"{2 * f} ms"}]}
+                      for k, f in (("a", 1.0), ("b", 2.0))},
+            "layers": [{"kind": k, "count": 2} for k in "abab"]}
+    path = tmp_path / "mixed.json"
+    path.write_text(json.dumps(spec))
+    p = run("best", str(path), "--interleave", "2", check_rc=0)
+    assert "not proven optimal" in p.stdout
+    out = json.loads(run("best", str(path), "--interleave", "2", "--json", check_rc=0).stdout)
+    assert out["exact"] is False and out["optimum_lower_bound"] <= out["results"][0]["score"]
+
+
+def test_best_interleaved_refuses_framework_settings():
+    p = run("best", DEMO, "--capacity", "160GiB", "--interleave", "2", "--emit", "megatron")
+    assert p.returncode == 2 and "--interleave" in p.stderr and len(p.stderr.strip().splitlines()) == 1

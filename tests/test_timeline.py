@@ -55,10 +55,22 @@ def test_interleaved_timeline_and_picture(tmp_path):
 @pytest.mark.parametrize("args, words", [
     (["--micro-batches", "12", "--interleave", "2", "--counts", ",".join(["6"] * 15 + ["8"])], "multiple"),
     (["--interleave", "2", "--counts", "1,2,95"], "--counts"),
-    (["--interleave", "2"], "--counts"),
+    (["--interleave", "2", "--micro-batches", "20"], "multiple of stages"),
     (["--p2p", "-1", "--counts", "98"], "p2p"),
 ])
 def test_bad_timelines_exit_2_with_one_line(args, words):
     p = cli("timeline", DEMO, "--capacity", "160GiB", *args)
     lines = p.stderr.strip().splitlines()
     assert p.returncode == 2 and len(lines) == 1 and words in lines[0], p.stderr
+
+
+def test_timeline_without_counts_draws_the_best_interleaved_split():
+    """``timeline --interleave v`` with no --counts takes best_splits(..., interleave=v, score='1f1b')."""
+    from gpuknap import best_splits
+    from gpuknap.spec import load_spec
+
+    p = cli("timeline", DEMO, "--capacity", "160GiB", "--stages", "4", "--interleave", "2", "--json")
+    assert p.returncode == 0, p.stderr
+    spec = load_spec(DEMO, capacity="160GiB")
+    want = best_splits(spec.model, 4, 1, "1f1b", spec.bucket, backend="numpy", interleave=2)[0][0]
+    assert json.loads(p.stdout)["timeline"]["counts"] == list(want)

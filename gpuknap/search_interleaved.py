@@ -1,0 +1,242 @@
+"""The best interleaved splits: ``best_splits(..., interleave=v)``.
+
+An interleaved split cuts the model into ``v * P`` contiguous segments in
+chunk-major order (chunk 0 of stages 0..P-1, then chunk 1, ...); stage s
+holds segments ``s, P + s, 2P + s, ...`` under one memory budget, each at the
+in-flight count Megatron's interleaved schedule gives its chunk.
+
+**Exact** when every layer between the first and the last is of one kind
+(HEAD, N x BODY, TAIL, as SAPP-PPB profiles are): then a stage's problem
+depends only on its tuple of per-chunk counts, not on where its segments lie,
+and stages are independent once each one's total layer count is fixed.  So a
+stage's best time for ``m`` layers is the least over its tuples summing to m
+(ties: the most even tuple, then the lexicographically first), and the search over splits is the
+plain one over those per-stage totals (:mod:`gpuknap.search`), with a table
+``T[s, a, a + m]`` that does not depend on ``a``.  Every returned split gives
+each stage its fastest arrangement of chunks for its total; splits that only
+rearrange layers among the chunks of a stage at no better time are not listed
+separately, and ties are broken by the per-stage totals in lexicographic order.
+
+**Other models**: a local search, documented as such (not proven optimal):
+from several starts (the best plain split into ``v * P`` stages placed
+round-robin, and the most even split), every move of one layer between two
+adjacent segments is scored exactly in one batch (``model.rank``), the best
+improving move is taken until none improves, and the best splits seen are
+returned with a lower bound on the optimum.
+
+Scores: ``slowest``; ``1f1b`` becomes the interleaved closed form
+``(M - 1/v) * slowest + sum / v`` (for equal stages ``M t + (P - 1) t / v``,
+Megatron's bubble shrunk v times), ranked exactly as ``(vM - 1) * slowest + sum``.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+import numpy as np
+
+from .ranking import rank
+from .results import Stage
+from .segments import SegmentTable
+
+#: Most per-stage chunk tuples one table may hold.
+MAX_TUPLES = 2_000_000
+
+
+class Found(list):
+    """The splits found, best first; ``exact`` says whether they are proven the best,
+    ``lower_bound`` is a lower bound on the best score (the first score when exact)."""
+
+    exact: bool = True
+    lower_bound: float = math.nan
+
+
+def one_body_kind(model: Any) -> bool:
+    """True when every layer but the first and the last is of one kind (the exact case)."""
+    return len(set(model.kinds[1:-1])) <= 1
+
+
+def _stage(model: Any, s: int, p: int, chunks: int, counts: tuple, table: list) -> Stage:
+    """Stage s holding ``counts[c]`` layers in chunk c, built as ``model.stages`` builds it
+    (segment positions stand in for the real ones: between the first and the last
+    layer every layer is of one kind)."""
+    n, last = model.layers, chunks * p - 1
+    groups = []
+    for c, count in enumerate(counts):
+        i = c * p + s
+        a = 0 if i == 0 else n - count if i == last else 1
+        groups += model.segment_groups(a, a + count, table[s][c])
+    return Stage(groups, model.budget_of(groups))
+
+
+def tuple_table(model: Any, p: int, chunks: int, table: list, bucket: float, backend: Any,
+                max_bytes: int | None, limit: float, fastest: np.ndarray, most: int) -> tuple[SegmentTable, dict]:
+    """The per-total table of an exact interleaved search, and the best tuple of each
+    ``(stage, total)``: the fastest, then the one whose chunk counts differ least,
+    then the lexicographically first.  Tuples whose layers' fastest options alone take over
+    ``limit`` are left out (``pruned``); ``most`` bounds the layers a stage can hold."""
+    n, last = model.layers, chunks * p - 1
+    top = max(min(most, n - chunks * (p - 1)), chunks)
+    pruned = False
+    stages, keys = [], []
+    for s in range(p):
+        for counts in itertools.product(range(1, top - chunks + 2), repeat=chunks):
+            total = sum(counts)
+            if total > top:
+                continue
+            low = 0.0
+            for c, count in enumerate(counts):
+                i = c * p + s
+                a = 0 if i == 0 else n - count if i == last else 1
+                low += float(fastest[a + count] - fastest[a])
+            if low > limit + 1e-9 * (abs(limit) + fastest[-1]):
+                pruned = True
+                continue
+            keys.append((s, total, counts))
+            stages.append(_stage(model, s, p, chunks, counts, table))
+            if len(keys) > MAX_TUPLES:
+                raise ValueError(f"an interleaved search of {p} stages x {chunks} chunks over {n} layers needs over "
+                                 f"{MAX_TUPLES:,} stage arrangements; use fewer chunks or more stages")
+    times = rank([[st] for st in stages], model.fronts, bucket, backend, max_bytes).slowest if stages else []
+    width = max(top, 1)
+    best = np.full((p, width), np.inf)
+    choice: dict = {}
+    rank_of: dict = {}
+    for (s, total, counts), t in zip(keys, np.asarray(times).tolist()):
+        key = (t, max(counts) - min(counts), counts)  # fastest, then the most even, then lexicographic
+        if math.isfinite(t) and key < rank_of.get((s, total), (math.inf,)):
+            rank_of[(s, total)] = key
+            best[s, total - 1] = t
+            choice[(s, total)] = counts
+    band = np.broadcast_to(best[:, None, :], (p, n + 1, width)).copy()
+    return SegmentTable(band, pruned), choice
+
+
+def counts_of(totals: tuple, choice: dict, p: int, chunks: int) -> tuple:
+    """Chunk-major counts of a split from its per-stage totals."""
+    out = [0] * (p * chunks)
+    for s, total in enumerate(totals):
+        for c, count in enumerate(choice[(s, total)]):
+            out[c * p + s] = count
+    return tuple(out)
+
+
+def even_split(layers: int, parts: int) -> list[int]:
+    """The most even split of ``layers`` into ``parts`` (larger parts last)."""
+    base, extra = divmod(layers, parts)
+    return [base + (1 if i >= parts - extra else 0) for i in range(parts)]
+
+
+def interleaved_score(times: np.ndarray, score: str, micro_batches: int, chunks: int) -> np.ndarray:
+    """Scores of rows of stage times ``[B, P]`` (``inf`` rows stay ``inf``)."""
+    slowest = times.max(axis=1)
+    if score == "slowest":
+        return slowest
+    with np.errstate(invalid="ignore"):
+        return np.where(np.isfinite(slowest), ((chunks * micro_batches - 1) * slowest + times.sum(axis=1)) / chunks,
+                        np.inf)
+
+
+def local_search(model: Any, p: int, chunks: int, top: int, score: str, starts: list, rank_rows: Any,
+                 max_rounds: int = 10_000) -> list[tuple]:
+    """Best-improvement local search over moves of one layer between adjacent segments,
+    from each start; returns the ``top`` best ``(counts, score)`` of every split scored."""
+    seen: dict[tuple, float] = {}
+
+    def scores(rows: list) -> list[float]:
+        new = [r for r in dict.fromkeys(rows) if r not in seen]
+        if new:
+            times = rank_rows(np.array(new, dtype=np.int64))
+            for r, v in zip(new, interleaved_score(times, score, model.micro_batches, chunks).tolist()):
+                seen[r] = v
+        return [seen[r] for r in rows]
+
+    k = p * chunks
+    for start in starts:
+        current = tuple(start)
+        value = scores([current])[0]
+        for _ in range(max_rounds):
+            moves = []
+            for i in range(k - 1):
+                for d in (1, -1):  # one layer from segment i to i + 1, or back
+                    row = list(current)
+                    row[i] -= d
+                    row[i + 1] += d
+                    if row[i] >= 1 and row[i + 1] >= 1:
+                        moves.append(tuple(row))
+            if not moves:
+                break
+            values = scores(moves)
+            best = min(range(len(moves)), key=lambda j: (values[j], moves[j]))
+            if not values[best] < value:
+                break
+            current, value = moves[best], values[best]
+    ranked = sorted((v, c) for c, v in seen.items() if math.isfinite(v))
+    return [(c, v) for v, c in ranked[:top]]
+
+
+def _most_layers(model: Any, fronts: Any, table: list) -> int:
+    """An upper bound on the layers one stage can hold: the middle kind's static bytes
+    plus its lightest option at the least in-flight count, against the device (two
+    more for the first and last layers)."""
+    body = model.kinds[len(model.kinds) // 2]
+    least = min(min(row) for row in table)
+    cost = float(model.static[body]) + float(fronts.get(body, least).memories[0])
+    room = model.capacity - model.reserved
+    if cost <= 0 or not math.isfinite(room):
+        return model.layers
+    return int(min(model.layers, max(room, 0) // cost + 2))
+
+
+def best_interleaved(model: Any, p: int, chunks: int, top: int, score: str, bucket: float, backend: Any,
+                     in_flight: Any, max_bytes: int | None) -> "Found":
+    """``[(counts, score)]`` of the best interleaved splits (see the module docstring)."""
+    from .classify import kind_index
+    from .options import FrontTable
+    from .search import _pruned_search
+    from .segments import fastest_prefix
+
+    if model.layers < p * chunks:
+        raise ValueError(f"{p} stages x {chunks} chunks need at least {p * chunks} layers, "
+                         f"the model has {model.layers}")
+    table = model.in_flight_table(p, chunks, in_flight)
+    fronts = FrontTable(model.fronts, bucket)
+    fastest = fastest_prefix(model, fronts, kind_index(model), 1)
+    m = model.micro_batches
+    out = Found()
+    if one_body_kind(model):
+        most = _most_layers(model, fronts, table)
+        body = float(np.diff(fastest)[len(model.kinds) // 2]) if model.layers > 2 else 0.0
+        latest: dict = {}
+
+        def make(limit: float) -> SegmentTable:
+            cap = most if not (math.isfinite(limit) and body > 0) else min(most, int(limit // body) + 3)
+            T, choice = tuple_table(model, p, chunks, table, bucket, backend, max_bytes, limit, fastest, cap)
+            latest.clear()
+            latest.update(choice)
+            return T
+
+        found = _pruned_search(model, p, top, score, fronts, None, make, micro_batches=chunks * m)
+        for totals, value in found:
+            out.append((counts_of(totals, latest, p, chunks), value / chunks if score == "1f1b" else value))
+        out.lower_bound = out[0][1] if out else math.nan
+        return out
+    # Heterogeneous models: local search from several starts, every split scored exactly.
+    from .search import best_splits
+
+    starts = [even_split(model.layers, p * chunks)]
+    try:
+        plain = best_splits(model, p * chunks, 1, "slowest", bucket, backend, max_bytes=max_bytes)
+        starts = [plain[0][0]] + starts if plain else starts
+    except ValueError:  # the plain search may refuse (in-flight table, size): the even start remains
+        pass
+
+    def rank_rows(rows: np.ndarray) -> np.ndarray:
+        return model.rank(rows, bucket, backend, in_flight, chunks, max_bytes).stage_table()
+
+    out.extend(local_search(model, p, chunks, top, score, starts, rank_rows))
+    out.exact = False
+    slowest = max(float(fastest[-1]) / p, float(np.diff(fastest).max(initial=0.0)))
+    out.lower_bound = slowest if score == "slowest" else ((chunks * m - 1) * slowest + float(fastest[-1])) / chunks
+    return out
