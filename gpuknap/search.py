@@ -270,8 +270,8 @@ def best_splits(model: PipelineModel, stages: int, top: int = 1, score: str = "s
 def _interleaved(model: PipelineModel, stages: int, top: int, score: str, bucket: float, backend: Any,
                  in_flight: Any, max_bytes: int | None, bound: bool, exclusive: Any, chunks: int) -> Found:
     """``best_splits`` for interleaved pipelines, with each split's plan."""
-    if score == "simulated" or bound or not (exclusive is None or exclusive == ()):
-        what = "score='simulated'" if score == "simulated" else "bound=True" if bound else "exclusive options"
+    if bound or not (exclusive is None or exclusive == ()):
+        what = "bound=True" if bound else "exclusive options"
         raise ValueError(f"interleave={chunks}: {what} is for plain pipelines only (interleave=1)")
     if stages * chunks > model.layers:
         raise ValueError(f"{stages} stages x {chunks} chunks need at least {stages * chunks} layers, "

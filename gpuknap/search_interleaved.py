@@ -27,6 +27,12 @@ returned with a lower bound on the optimum.
 Scores: ``slowest``; ``1f1b`` becomes the interleaved closed form
 ``(M - 1/v) * slowest + sum / v`` (for equal stages ``M t + (P - 1) t / v``,
 Megatron's bubble shrunk v times), ranked exactly as ``(vM - 1) * slowest + sum``.
+It sees stage totals only, not how a stage's layers spread over its chunks, and
+a schedule with unequal chunks runs slower than it says; ``simulated`` scores
+each split by Megatron's interleaved schedule itself, with the local search
+(every model), started from the closed form's three best splits too, and a
+lower bound of ``M`` times the least slowest stage (each stage is busy ``M``
+times its time).
 """
 from __future__ import annotations
 
@@ -138,17 +144,17 @@ def interleaved_score(times: np.ndarray, score: str, micro_batches: int, chunks:
                         np.inf)
 
 
-def local_search(model: Any, p: int, chunks: int, top: int, score: str, starts: list, rank_rows: Any,
+def local_search(p: int, chunks: int, top: int, starts: list, score_rows: Any,
                  max_rounds: int = 10_000) -> list[tuple]:
     """Best-improvement local search over moves of one layer between adjacent segments,
-    from each start; returns the ``top`` best ``(counts, score)`` of every split scored."""
+    from each start; ``score_rows(rows [B, P*v]) -> scores [B]``; returns the ``top``
+    best ``(counts, score)`` of every split scored (ties by counts)."""
     seen: dict[tuple, float] = {}
 
     def scores(rows: list) -> list[float]:
         new = [r for r in dict.fromkeys(rows) if r not in seen]
         if new:
-            times = rank_rows(np.array(new, dtype=np.int64))
-            for r, v in zip(new, interleaved_score(times, score, model.micro_batches, chunks).tolist()):
+            for r, v in zip(new, np.asarray(score_rows(np.array(new, dtype=np.int64))).tolist()):
                 seen[r] = v
         return [seen[r] for r in rows]
 
@@ -174,6 +180,27 @@ def local_search(model: Any, p: int, chunks: int, top: int, score: str, starts: 
             current, value = moves[best], values[best]
     ranked = sorted((v, c) for c, v in seen.items() if math.isfinite(v))
     return [(c, v) for v, c in ranked[:top]]
+
+
+def simulated_rows(model: Any, rows: np.ndarray, chunks: int, bucket: float, backend: Any, in_flight: Any,
+                   max_bytes: int | None) -> np.ndarray:
+    """Simulated iteration time of each interleaved split (``inf`` where one does not fit):
+    the batch solves every stage once, each split's plan gives its chunk times."""
+    from .schedule import iteration_times
+    from .timeline import chunk_times
+
+    ranking = model.rank(rows, bucket, backend, in_flight, chunks, max_bytes)
+    p = rows.shape[1] // chunks
+    out = np.full(len(rows), np.inf)
+    ok = np.flatnonzero(np.isfinite(ranking.slowest))
+    fwd, bwd = np.empty((len(ok), p, chunks)), np.empty((len(ok), p, chunks))
+    for n, i in enumerate(ok.tolist()):
+        counts = rows[i].tolist()
+        times = chunk_times(model, counts, model.option_names(counts, ranking.choice(i), in_flight, chunks), chunks)
+        fwd[n], bwd[n] = times.forward, times.backward
+    if len(ok):
+        out[ok] = iteration_times(fwd, bwd, model.micro_batches, "interleaved" if chunks > 1 else "1f1b")
+    return out
 
 
 def _most_layers(model: Any, fronts: Any, table: list) -> int:
@@ -205,7 +232,7 @@ def best_interleaved(model: Any, p: int, chunks: int, top: int, score: str, buck
     fastest = fastest_prefix(model, fronts, kind_index(model), 1)
     m = model.micro_batches
     out = Found()
-    if one_body_kind(model):
+    if one_body_kind(model) and score != "simulated":
         most = _most_layers(model, fronts, table)
         body = float(np.diff(fastest)[len(model.kinds) // 2]) if model.layers > 2 else 0.0
         latest: dict = {}
@@ -222,7 +249,7 @@ def best_interleaved(model: Any, p: int, chunks: int, top: int, score: str, buck
             out.append((counts_of(totals, latest, p, chunks), value / chunks if score == "1f1b" else value))
         out.lower_bound = out[0][1] if out else math.nan
         return out
-    # Heterogeneous models: local search from several starts, every split scored exactly.
+    # Heterogeneous models, or the simulated score: local search from several starts.
     from .search import best_splits
 
     starts = [even_split(model.layers, p * chunks)]
@@ -231,12 +258,23 @@ def best_interleaved(model: Any, p: int, chunks: int, top: int, score: str, buck
         starts = [plain[0][0]] + starts if plain else starts
     except ValueError:  # the plain search may refuse (in-flight table, size): the even start remains
         pass
-
-    def rank_rows(rows: np.ndarray) -> np.ndarray:
-        return model.rank(rows, bucket, backend, in_flight, chunks, max_bytes).stage_table()
-
-    out.extend(local_search(model, p, chunks, top, score, starts, rank_rows))
-    out.exact = False
     slowest = max(float(fastest[-1]) / p, float(np.diff(fastest).max(initial=0.0)))
+    if score == "simulated":  # start from the closed form's best; each stage is busy M * t_s
+        closed = best_interleaved(model, p, chunks, 3, "1f1b", bucket, backend, in_flight, max_bytes)
+        starts = [c for c, _ in closed] + starts
+        least = best_interleaved(model, p, chunks, 1, "slowest", bucket, backend, in_flight, max_bytes)
+        if least and least.exact:
+            slowest = least[0][1]
+        out.extend(local_search(p, chunks, top, starts, lambda rows: simulated_rows(
+            model, rows, chunks, bucket, backend, in_flight, max_bytes)))
+        out.exact, out.lower_bound = False, m * slowest
+        return out
+
+    def score_rows(rows: np.ndarray) -> np.ndarray:
+        times = model.rank(rows, bucket, backend, in_flight, chunks, max_bytes).stage_table()
+        return interleaved_score(times, score, m, chunks)
+
+    out.extend(local_search(p, chunks, top, starts, score_rows))
+    out.exact = False
     out.lower_bound = slowest if score == "slowest" else ((chunks * m - 1) * slowest + float(fastest[-1])) / chunks
     return out

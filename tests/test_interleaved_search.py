@@ -116,7 +116,7 @@ def test_local_search_never_loses_to_round_robin_and_often_finds_the_optimum():
 
 def test_interleaved_refuses_what_it_does_not_do():
     model = PipelineModel(["a"] * 8, {"a": [LayerOption("x", 1, 1.0, 1.0)]}, {"a": 0}, 100, 4)
-    for kwargs, words in ((dict(score="simulated"), "simulated"), (dict(bound=True), "bound"),
+    for kwargs, words in ((dict(bound=True), "bound"),
                           (dict(interleave=0), "interleave")):
         with pytest.raises(ValueError, match=words):
             best_splits(model, 2, **{"interleave": 2, **kwargs})
@@ -139,3 +139,37 @@ def test_exact_interleaved_search_certified_on_a_pruned_table(seed, monkeypatch)
         got = best_splits(model, 3, 2, kind, 1, backend="numpy", interleave=2)
         assert [c for c, _, _ in got] == [c for _, _, c in ranked[:2]], kind
     assert seen and all(seen)  # every table searched was a pruned one
+
+
+def test_simulated_interleaved_local_search_against_brute_force():
+    """score='simulated' with interleave: every score is the event simulator's time for the
+    split's plan; never worse than the closed form's best split; never below the
+    brute-force optimum or above it by less than the lower bound allows; the optimum is
+    found in most cases (counted)."""
+    from gpuknap.timeline import of_split
+
+    hits = cases = 0
+    for seed in range(12):
+        rng = random.Random(300 + seed)
+        p, v = rng.choice([(2, 2), (3, 2)])
+        model = shape_model(rng, rng.randint(8, 10), p, tight=seed % 2 == 0)
+        got = best_splits(model, p, 2, "simulated", 1, backend="numpy", interleave=v)
+        assert not got.exact
+        brute = []
+        for counts in compositions(model.layers, p * v):
+            solved = of_split(model, counts, 1, None, v)
+            if solved is not None:
+                brute.append((solved[0].iteration_time, counts))
+        brute.sort()
+        if not brute:
+            assert got == []
+            continue
+        cases += 1
+        for counts, value, _ in got:
+            assert value == of_split(model, counts, 1, None, v)[0].iteration_time
+        closed = best_splits(model, p, 1, "1f1b", 1, backend="numpy", interleave=v)
+        assert got[0][1] <= of_split(model, closed[0][0], 1, None, v)[0].iteration_time
+        assert got.lower_bound <= brute[0][0] <= got[0][1]
+        hits += got[0][1] == brute[0][0]
+    assert cases >= 8 and hits >= 0.5 * cases, (hits, cases)
+    print(f"simulated local search found the optimum in {hits} of {cases} models")
