@@ -125,7 +125,8 @@ def _draw_splits(ax_t: Any, ax_m: Any, records: Sequence[dict]) -> None:
     ax_t.set_ylabel("stage time")
     ax_m.set_ylabel("memory (MiB); - budget")
     ax_m.set_xlabel("stage")
-    ax_t.legend(fontsize=6)
+    ax_t.set_ylim(top=ax_t.get_ylim()[1] * (1.15 + 0.1 * len(records)))  # room for the legend above the bars
+    ax_t.legend(fontsize=6, loc="upper right", ncol=1 if len(records) < 6 else 2)
 
 
 def plot_splits(records: Sequence[dict], path: str) -> None:

@@ -39,7 +39,8 @@ def main() -> None:
     print("|---|---:|---:|---|---:|---:|---:|---:|---|")
     for capacity, stages, chunks, score in (("80 GiB", 8, 2, "slowest"), ("80 GiB", 8, 2, "1f1b"),
                                             ("160 GiB", 8, 2, "1f1b"), ("160 GiB", 8, 3, "1f1b"),
-                                            ("56000 MB", 16, 1, "simulated"), ("80 GiB", 8, 1, "simulated")):
+                                            ("56000 MB", 16, 1, "simulated"), ("80 GiB", 8, 1, "simulated"),
+                                            ("80 GiB", 8, 2, "simulated")):
         spec = load_spec(SAPP, capacity=capacity, micro_batches=32)
         t, found = timed(lambda: best_splits(spec.model, stages, 1, score, spec.bucket, backend="numpy",
                                              interleave=chunks))
