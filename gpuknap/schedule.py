@@ -244,6 +244,11 @@ def iteration_times(forward: np.ndarray, backward: np.ndarray, micro_batches: in
 def in_flight_table(stages: int, chunks: int, micro_batches: int) -> list[list[int]]:
     """``[stage][chunk]`` peak micro-batches alive under Megatron's schedule (1f1b when one chunk):
     what a stage's activation memory must hold, from the order alone."""
+    return [list(row) for row in _in_flight(stages, chunks, micro_batches)]
+
+
+@lru_cache(maxsize=256)
+def _in_flight(stages: int, chunks: int, micro_batches: int) -> tuple:
     schedule = "1f1b" if chunks == 1 else "interleaved"
     ones = [[1.0] * chunks for _ in range(stages)]
-    return simulate(ones, ones, micro_batches, schedule).peak_in_flight
+    return tuple(tuple(row) for row in simulate(ones, ones, micro_batches, schedule).peak_in_flight)

@@ -157,6 +157,20 @@ def _pruned_search(model: PipelineModel, stages: int, top: int, score: str, fron
     a fifth.  Most searches end in one round on far fewer segments than the table.
     ``micro_batches``: the ``M`` of the 1f1b score, when not the model's.
     """
+    rounds = certified_rounds(model, stages, top, score, fronts, micro_batches)
+    limit = next(rounds)
+    while True:
+        try:
+            limit = rounds.send(make_table(limit))
+        except StopIteration as done:
+            return done.value
+
+
+def certified_rounds(model: PipelineModel, stages: int, top: int, score: str, fronts: FrontTable,
+                     micro_batches: int | None = None):
+    """:func:`_pruned_search` as a generator: it yields each round's limit, is sent that
+    round's table, and returns the certified top k (so many searches can share
+    one solve per round, ``gpuknap.sweep``)."""
     prefix = fastest_prefix(model, fronts, kind_index(model), 1)  # times do not depend on in-flight counts
     total = float(prefix[-1])
     m = model.micro_batches if micro_batches is None else micro_batches
@@ -166,7 +180,7 @@ def _pruned_search(model: PipelineModel, stages: int, top: int, score: str, fron
     while True:
         if not math.isfinite(limit) or limit > total * 2:
             limit = math.inf
-        T = make_table(limit)
+        T = yield limit
         found = _search(T, top, score, m, stages)
         if not T.pruned:
             return found

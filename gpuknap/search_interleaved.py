@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from .ranking import rank
+from .ranking import solve_problems
 from .results import Stage
 from .segments import SegmentTable
 
@@ -76,16 +76,44 @@ def _stage(model: Any, s: int, p: int, chunks: int, counts: tuple, table: list) 
     return Stage(groups, model.budget_of(groups))
 
 
-def tuple_table(model: Any, p: int, chunks: int, table: list, bucket: float, backend: Any,
-                max_bytes: int | None, limit: float, fastest: np.ndarray, most: int) -> tuple[SegmentTable, dict]:
-    """The per-total table of an exact interleaved search, and the best tuple of each
-    ``(stage, total)``: the fastest, then the one whose chunk counts differ least,
-    then the lexicographically first.  Tuples whose layers' fastest options alone take over
-    ``limit`` are left out (``pruned``); ``most`` bounds the layers a stage can hold."""
+class TuplePlan:
+    """The stage problems of an exact interleaved table before any is solved (like
+    :class:`gpuknap.segments.SegmentPlan`): ``problems`` with their ``verdicts``, and
+    :meth:`fill` for the table and the best tuple of each ``(stage, total)``."""
+
+    def __init__(self, p: int, n: int, width: int, keys: list, ids: list, problems: list, verdicts: list,
+                 pruned: bool):
+        self.p, self.n, self.width, self.keys, self.ids = p, n, width, keys, ids
+        self.problems, self.verdicts, self.pruned = problems, verdicts, pruned
+
+    def fill(self, values: np.ndarray) -> tuple[SegmentTable, dict]:
+        best = np.full((self.p, self.width), np.inf)
+        choice: dict = {}
+        rank_of: dict = {}
+        times = np.asarray(values)[self.ids].tolist() if self.keys else []
+        for (s, total, counts), t in zip(self.keys, times):
+            key = (t, max(counts) - min(counts), counts)  # fastest, then the most even, then lexicographic
+            if math.isfinite(t) and key < rank_of.get((s, total), (math.inf,)):
+                rank_of[(s, total)] = key
+                best[s, total - 1] = t
+                choice[(s, total)] = counts
+        band = np.broadcast_to(best[:, None, :], (self.p, self.n + 1, self.width)).copy()
+        return SegmentTable(band, self.pruned), choice
+
+
+def plan_tuples(model: Any, p: int, chunks: int, table: list, fronts: Any, limit: float, fastest: np.ndarray,
+                most: int) -> TuplePlan:
+    """Every stage's chunk tuples (each chunk at least one layer, at most ``most`` layers
+    in all) whose layers' fastest options fit ``limit``, as distinct stage problems."""
+    from .problem import verdict
+
     n, last = model.layers, chunks * p - 1
     top = max(min(most, n - chunks * (p - 1)), chunks)
     pruned = False
-    stages, keys = [], []
+    pieces: dict = {}
+    keys, ids = [], []
+    index: dict = {}
+    problems = []
     for s in range(p):
         for counts in itertools.product(range(1, top - chunks + 2), repeat=chunks):
             total = sum(counts)
@@ -99,24 +127,52 @@ def tuple_table(model: Any, p: int, chunks: int, table: list, bucket: float, bac
             if low > limit + 1e-9 * (abs(limit) + fastest[-1]):
                 pruned = True
                 continue
+            problem = _problem(model, s, p, chunks, counts, table, pieces)
             keys.append((s, total, counts))
-            stages.append(_stage(model, s, p, chunks, counts, table))
+            ids.append(index.setdefault(problem, len(index)))
+            if len(index) > len(problems):
+                problems.append(problem)
             if len(keys) > MAX_TUPLES:
                 raise ValueError(f"an interleaved search of {p} stages x {chunks} chunks over {n} layers needs over "
                                  f"{MAX_TUPLES:,} stage arrangements; use fewer chunks or more stages")
-    times = rank([[st] for st in stages], model.fronts, bucket, backend, max_bytes).slowest if stages else []
-    width = max(top, 1)
-    best = np.full((p, width), np.inf)
-    choice: dict = {}
-    rank_of: dict = {}
-    for (s, total, counts), t in zip(keys, np.asarray(times).tolist()):
-        key = (t, max(counts) - min(counts), counts)  # fastest, then the most even, then lexicographic
-        if math.isfinite(t) and key < rank_of.get((s, total), (math.inf,)):
-            rank_of[(s, total)] = key
-            best[s, total - 1] = t
-            choice[(s, total)] = counts
-    band = np.broadcast_to(best[:, None, :], (p, n + 1, width)).copy()
-    return SegmentTable(band, pruned), choice
+    return TuplePlan(p, n, max(top, 1), keys, ids, problems, [verdict(q, fronts) for q in problems], pruned)
+
+
+def body_time(model: Any, fastest: np.ndarray) -> float:
+    """The fastest time of a middle layer (0 for models of two layers or fewer)."""
+    return float(np.diff(fastest)[len(model.kinds) // 2]) if model.layers > 2 else 0.0
+
+
+def _problem(model: Any, s: int, p: int, chunks: int, counts: tuple, table: list, pieces: dict) -> Any:
+    """The canonical problem of :func:`_stage` (the same groups, the same budget sum),
+    built without the validation: runs of one (kind, in-flight) merged, static bytes
+    added group by group as ``model.budget_of`` adds them."""
+    from .model import kind_counts
+    from .problem import StageProblem
+
+    n, last = model.layers, chunks * p - 1
+    static = 0.0
+    runs: list = []
+    for c, count in enumerate(counts):
+        i = c * p + s
+        where = 0 if i == 0 else 2 if i == last else 1
+        groups = pieces.get((where, count))
+        if groups is None:
+            a = (0, 1, n - count)[where]
+            groups = pieces[(where, count)] = kind_counts(model.kinds[a:a + count])
+        for kind, k in groups:
+            static += k * float(model.static[kind])
+            key = (kind, int(table[s][c]))
+            if runs and runs[-1][0] == key:
+                runs[-1][1] += k
+            else:
+                runs.append([key, k])
+    return StageProblem(tuple((key, k) for key, k in runs), float(model.capacity - model.reserved - static))
+
+
+def tuple_cap(most: int, body: float, limit: float) -> int:
+    """Layers a stage may hold under ``limit`` (each middle layer takes at least ``body``)."""
+    return most if not (math.isfinite(limit) and body > 0) else min(most, int(limit // body) + 3)
 
 
 def counts_of(totals: tuple, choice: dict, p: int, chunks: int) -> tuple:
@@ -234,12 +290,12 @@ def best_interleaved(model: Any, p: int, chunks: int, top: int, score: str, buck
     out = Found()
     if one_body_kind(model) and score != "simulated":
         most = _most_layers(model, fronts, table)
-        body = float(np.diff(fastest)[len(model.kinds) // 2]) if model.layers > 2 else 0.0
+        body = body_time(model, fastest)
         latest: dict = {}
 
         def make(limit: float) -> SegmentTable:
-            cap = most if not (math.isfinite(limit) and body > 0) else min(most, int(limit // body) + 3)
-            T, choice = tuple_table(model, p, chunks, table, bucket, backend, max_bytes, limit, fastest, cap)
+            plan = plan_tuples(model, p, chunks, table, fronts, limit, fastest, tuple_cap(most, body, limit))
+            T, choice = plan.fill(solve_problems(plan.problems, fronts, backend, max_bytes, plan.verdicts))
             latest.clear()
             latest.update(choice)
             return T

@@ -214,12 +214,40 @@ def segment_table(model: Any, stages: int, bucket: float, backend: Any,
     answers at or under ``limit`` is then still exact (``best_splits``).  ``fronts``: a
     FrontTable of the model's fronts at this bucket (and ``relaxed``) to reuse.
     """
-    n = model.layers
     if fronts is None:
         fronts = FrontTable(model.fronts, bucket, relaxed)  # relaxed: lower bounds on exact-bytes times
+    plan = plan_segments(model, stages, fronts, in_flight, limit)
+    return plan.fill(solve_problems(plan.problems, fronts, backend, max_bytes, plan.verdicts))
+
+
+class SegmentPlan:
+    """The stage problems a segment table needs, before any is solved: ``problems``
+    (distinct, with their ``verdicts``), and :meth:`fill` to build the table from
+    their solved times (so many tables can share one batch: ``gpuknap.sweep``)."""
+
+    def __init__(self, stages: int, n: int, width: int, where: tuple, keep: np.ndarray, ids: np.ndarray,
+                 problems: list, verdicts: list, pruned: bool):
+        self.stages, self.n, self.width = stages, n, width
+        self.where, self.keep, self.ids = where, keep, ids
+        self.problems, self.verdicts, self.pruned = problems, verdicts, pruned
+
+    def fill(self, values: np.ndarray) -> SegmentTable:
+        """The table, from ``values[i]``: the least time of ``problems[i]``."""
+        band = np.full((self.stages, self.n + 1, self.width), np.inf)
+        if len(self.problems):
+            seg_s, seg_a, j = self.where
+            band[seg_s, seg_a, j] = np.asarray(values)[self.ids]
+        return SegmentTable(band, self.pruned)
+
+
+def plan_segments(model: Any, stages: int, fronts: FrontTable, in_flight: Any = None,
+                  limit: float = math.inf) -> SegmentPlan:
+    """The work of :func:`segment_table` up to the solve (see there)."""
+    n = model.layers
     inflight, index, rooms = _search_space(model, stages, fronts, in_flight)
+    empty = (np.empty(0, dtype=np.int64),) * 3
     if coverable_layers(rooms, n) < n:
-        return SegmentTable(np.full((stages, n + 1, 1), np.inf))
+        return SegmentPlan(stages, n, 1, empty, np.empty(0, dtype=bool), np.empty(0, dtype=np.int64), [], [], False)
     pruned = False
     if limit < math.inf:
         cut = _cut_rooms(rooms, fastest_prefix(model, fronts, index, inflight[0]), limit)
@@ -244,12 +272,6 @@ def segment_table(model: Any, stages: int, bucket: float, backend: Any,
     ok[seg_s, seg_a, j] = feasible[ids]
     ok = np.logical_and.accumulate(ok, axis=2)  # stop at a stage's first infeasible end
     keep = ok[seg_s, seg_a, j]
-    needed = np.zeros(len(problems), dtype=bool)
-    needed[ids[keep]] = True
-    values = np.full(len(problems), np.inf)
-    chosen = np.flatnonzero(needed)
-    values[chosen] = solve_problems([problems[i] for i in chosen], fronts, backend, max_bytes,
-                                    [verdicts[i] for i in chosen])
-    band = np.full((stages, n + 1, width), np.inf)
-    band[seg_s[keep], seg_a[keep], j[keep]] = values[ids[keep]]
-    return SegmentTable(band, pruned)
+    chosen, local = np.unique(ids[keep], return_inverse=True)  # only the problems a kept segment needs
+    return SegmentPlan(stages, n, width, (seg_s[keep], seg_a[keep], j[keep]), keep, local.ravel(),
+                       [problems[i] for i in chosen.tolist()], [verdicts[i] for i in chosen.tolist()], pruned)
