@@ -12,11 +12,12 @@ from .ranking import Ranking, rank
 from .search import best_splits
 from .results import Assignment, PipelineChoice, Stage, StageChoice
 from .stage import choose, least_times, pp_lite, suffix_times
+from .sweep import Sweep, sweep
 
 __all__ = [
     "MEGABYTE", "LayerOption", "Layers", "Assignment", "StageChoice", "Stage", "PipelineChoice",
     "choose", "least_times", "suffix_times", "pp_lite", "rank", "Ranking",
-    "PipelineModel", "best_splits",
+    "PipelineModel", "best_splits", "sweep", "Sweep",
     "get_backend", "cupy_available", "BackendUnavailable", "work_limit", "WorkTooLarge",
 ]
 __version__ = "0.1.0"

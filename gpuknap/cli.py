@@ -17,7 +17,7 @@ from typing import Sequence
 import numpy as np
 
 from . import __version__, formats, timeline
-from .flags import EXIT_OK, Parser, cells, guarded, integer, number, size
+from .flags import EXIT_OK, Parser, cells, counts_list, guarded, integer, number, size
 from .formats import framework
 from .backend import get_backend
 from .limits import MAX_TOP, work_limit
@@ -28,6 +28,7 @@ from .report import (JSON_VERSION, format_split, plot_best, plot_curve, plot_sco
                      require_matplotlib, split_record)
 from .search import SCORES, best_splits, coverage
 from .spec import Spec, load_spec
+from .cli_sweep import add_sweep
 from .splitfiles import PLOT_SUFFIXES, check_output, read_splits, write_scores
 from .stage import least_times
 
@@ -46,8 +47,6 @@ def default_example() -> str:
     """The shipped example run by ``gpuknap best`` without a SPEC."""
     return str(resources.files("gpuknap") / "examples" / "demo.json")
 
-
-# ---- commands -------------------------------------------------------------------------------
 
 def _spec(args: argparse.Namespace, path: str | None) -> Spec:
     return load_spec(path or default_example(), capacity=args.capacity, micro_batches=args.micro_batches,
@@ -209,21 +208,11 @@ def _rank_settings(args: argparse.Namespace, spec: Spec) -> int:
     return EXIT_OK if not over else EXIT_INFEASIBLE
 
 
-def _counts(text: str) -> list[int]:
-    try:
-        counts = [int(x) for x in text.replace(",", " ").split()]
-    except ValueError:
-        raise BadInput(f"--counts: expected comma-separated integers, got {text[:40]!r}") from None
-    if not counts:
-        raise BadInput("--counts: no counts given")
-    return counts
-
-
 def cmd_curve(args: argparse.Namespace) -> int:
     spec = _spec(args, args.spec)
     backend = get_backend(args.backend)
     if args.counts:
-        counts = _counts(args.counts)
+        counts = counts_list(args.counts)
         try:
             spec.model.check_counts(counts, spec.chunks)
         except ValueError as exc:
@@ -270,7 +259,7 @@ def cmd_timeline(args: argparse.Namespace) -> int:
     spec = _spec(args, args.spec)
     chunks = args.interleave or spec.chunks
     if args.counts:
-        counts = _counts(args.counts)
+        counts = counts_list(args.counts)
     else:
         found = best_splits(spec.model, _stages(args, spec), 1, "1f1b", spec.bucket, get_backend(args.backend),
                             spec.in_flight if chunks == spec.chunks else None, _max_bytes(args), interleave=chunks)
@@ -297,13 +286,22 @@ def cmd_timeline(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    common = Parser(add_help=False)
-    common.add_argument("--backend", default="auto", choices=["auto", "numpy", "cupy"],
-                        help="array backend (default auto: CuPy when a GPU is present; env GPUKNAP_BACKEND)")
-    common.add_argument("--bucket", type=size("--bucket"),
-                        help="memory bucket, e.g. '1 MiB' (default: the spec's, else 1 MiB)")
-    common.add_argument("--capacity", type=size("--capacity"),
-                        help="device memory, e.g. '80 GiB' (overrides the spec; needed for SAPP-PPB)")
+    base = Parser(add_help=False)  # every command's flags; `common` adds one configuration's
+    base.add_argument("--backend", default="auto", choices=["auto", "numpy", "cupy"],
+                      help="array backend (default auto: CuPy when a GPU is present; env GPUKNAP_BACKEND)")
+    base.add_argument("--bucket", type=size("--bucket"),
+                      help="memory bucket, e.g. '1 MiB' (default: the spec's, else 1 MiB)")
+    base.add_argument("--capacity", type=size("--capacity"),
+                      help="device memory, e.g. '80 GiB' (overrides the spec; needed for SAPP-PPB)")
+    base.add_argument("--max-memory", type=size("--max-memory"), metavar="SIZE",
+                      help="working memory the DP may use, e.g. '8 GiB' (default: a quarter of free RAM, "
+                           "at most 2 GiB; half the free GPU memory)")
+    base.add_argument("--max-work", type=cells, metavar="CELLS",
+                      help="refuse jobs estimated above this many DP cells (default 1e10, about a minute of NumPy)")
+    base.add_argument("--json", action="store_true", help="print the stable JSON (docs/json.md) instead of tables")
+    base.add_argument("--plot", metavar="FILE", help="save a plot (.png, .pdf or .svg; needs matplotlib)")
+    base.add_argument("--quiet", action="store_true", help="no progress bar")
+    common = Parser(add_help=False, parents=[base])
     common.add_argument("--micro-batches", type=integer("--micro-batches", 1, MAX_IN_FLIGHT),
                         help="micro-batches per iteration (overrides the spec)")
     for flag, (name, high, what) in {"--seq": ("seq", 10**7, "sequence length"),
@@ -314,14 +312,6 @@ def build_parser() -> argparse.ArgumentParser:
                                       }.items():
         common.add_argument(flag, type=integer(flag, 1, high), metavar="N",
                             help=f"{what}, for a Hugging Face config.json")
-    common.add_argument("--max-memory", type=size("--max-memory"), metavar="SIZE",
-                        help="working memory the DP may use, e.g. '8 GiB' (default: a quarter of free RAM, "
-                             "at most 2 GiB; half the free GPU memory)")
-    common.add_argument("--max-work", type=cells, metavar="CELLS",
-                        help="refuse jobs estimated above this many DP cells (default 1e10, about a minute of NumPy)")
-    common.add_argument("--json", action="store_true", help="print the stable JSON (docs/json.md) instead of tables")
-    common.add_argument("--plot", metavar="FILE", help="save a plot (.png, .pdf or .svg; needs matplotlib)")
-    common.add_argument("--quiet", action="store_true", help="no progress bar")
     p = Parser(prog="gpuknap", description="Exact recompute-option knapsacks for pipeline splits.")
     p.add_argument("--version", action="version", version=f"gpuknap {__version__}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
@@ -361,6 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--interleave", type=integer("--interleave", 1, 64), help="chunks per stage (default: the spec's)")
     t.add_argument("--p2p", type=number(0, "a time"), default=0.0, help="time to pass a micro-batch between stages (default 0)")
     t.set_defaults(func=cmd_timeline)
+    add_sweep(sub, base)
     return p
 
 

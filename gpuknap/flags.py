@@ -96,3 +96,14 @@ def guarded(command: Callable[[], int]) -> int:
         print(f"gpuknap: internal error (please report): {exc.__class__.__name__}: {_one_line(exc)}",
               file=sys.stderr)
         return EXIT_INTERNAL
+
+
+def counts_list(text: str) -> list[int]:
+    """``--counts``: a split as comma- or space-separated integers."""
+    try:
+        counts = [int(x) for x in text.replace(",", " ").split()]
+    except ValueError:
+        raise ValueError(f"--counts: expected comma-separated integers, got {text[:40]!r}") from None
+    if not counts:
+        raise ValueError("--counts: no counts given")
+    return counts

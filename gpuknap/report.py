@@ -239,3 +239,59 @@ def _draw_timeline(plt: Any, ax: Any, t: Any, times: Any, title: str) -> None:
         handles.append(Patch(facecolor="white", edgecolor="black", hatch="..", label="odd chunks (dotted)"))
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.9 / (0.45 * t.stages + 1.8)),
               ncol=len(handles), fontsize=8, frameon=False)
+
+
+def plot_sweep(rows: Sequence[dict], path: str, title: str) -> None:
+    """Throughput of each configuration's best split as heat maps over stages x tensor-parallel
+    size, one per micro-batch size (the best over interleaving in each cell); the best
+    configuration boxed; grey where nothing fits or the configuration was not valid."""
+    plt = _pyplot()
+    feasible = [r for r in rows if r["feasible"] and r["rank"] == 1]
+    tokens = bool(feasible) and all(r["throughput"]["tokens_per_second"] is not None for r in feasible)
+    unit = "tokens/s" if tokens else "samples/s"
+    value = (lambda r: r["throughput"]["tokens_per_second"]) if tokens else \
+        (lambda r: r["throughput"]["samples_per_second"])
+    configs = [r["config"] for r in rows]
+    ps = sorted({c["stages"] for c in configs})
+    tps = sorted({c["tensor_parallel"] for c in configs})
+    mbss = sorted({c["micro_batch_size"] for c in configs})
+    top = max((value(r) for r in feasible), default=1.0)
+    fig, axes = plt.subplots(1, len(mbss), figsize=(0.75 * len(tps) * len(mbss) + 2.5, 0.5 * len(ps) + 2.6),
+                             squeeze=False, constrained_layout=True)
+    scale, suffix = (1e3, "k") if top >= 1e4 else (1.0, "")
+    best = max(feasible, key=value, default=None)
+    image = None
+    for ax, mbs in zip(axes[0], mbss):
+        grid = np.full((len(ps), len(tps)), np.nan)
+        for r in feasible:
+            c = r["config"]
+            if c["micro_batch_size"] == mbs:
+                i, j = ps.index(c["stages"]), tps.index(c["tensor_parallel"])
+                grid[i, j] = np.nanmax([grid[i, j], value(r)])
+        cmap = plt.get_cmap("viridis").copy()
+        cmap.set_bad("0.85")
+        image = ax.imshow(grid, cmap=cmap, vmin=0, vmax=top, aspect="auto", origin="lower")
+        for i in range(len(ps)):
+            for j in range(len(tps)):
+                if np.isfinite(grid[i, j]):
+                    ax.text(j, i, f"{grid[i, j] / scale:.0f}{suffix}" if scale > 1 else f"{grid[i, j]:.3g}",
+                            ha="center", va="center", fontsize=7,
+                            color="white" if grid[i, j] < 0.6 * top else "black")
+        if best is not None and best["config"]["micro_batch_size"] == mbs:
+            i, j = ps.index(best["config"]["stages"]), tps.index(best["config"]["tensor_parallel"])
+            ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="red", linewidth=2.5))
+        ax.set_xticks(range(len(tps)))
+        ax.set_xticklabels(tps)
+        ax.set_yticks(range(len(ps)))
+        ax.set_yticklabels(ps)
+        ax.set_xlabel("tensor-parallel size")
+        if ax is axes[0][0]:
+            ax.set_ylabel("pipeline stages")
+        ax.set_title(f"micro-batch size {mbs}", fontsize=9)
+    fig.colorbar(image, ax=axes[0].tolist(), label=f"throughput ({unit}, whole cluster)")
+    chosen = "" if best is None else f"\nbest (red box): P={best['config']['stages']}, " \
+        f"TP={best['config']['tensor_parallel']}, mbs={best['config']['micro_batch_size']}, " \
+        f"v={best['config']['interleave']}: {value(best):,.0f} {unit}"
+    fig.suptitle(f"{title}{chosen}\ngrey: nothing fits, or not a valid configuration", fontsize=9)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

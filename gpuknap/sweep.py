@@ -106,7 +106,9 @@ def expand(grid: Any, gpus: Any, global_batch: Any, layers: int | None = None) -
             else:
                 m = global_batch // (dp * mbs)
                 config["micro_batches"] = m
-                if v > 1 and m % p:
+                if v > 1 and p == 1:
+                    reason = "interleaving needs at least 2 stages"
+                elif v > 1 and m % p:
                     reason = f"the interleaved schedule needs micro_batches ({m}) to be a multiple of stages ({p})"
                 elif layers is not None and p * v > layers:
                     reason = f"{p} stages x {v} chunks is more than the model's {layers} layers"
@@ -340,4 +342,6 @@ def sweep(source: Any, grid: Mapping, *, gpus: int, global_batch: int, score: st
     else:
         from .cluster import run_on_cluster
         rows, bad = run_on_cluster(scheduler, configs, builder, kwargs, shards)
+    place = {tuple(sorted(c.items())): i for i, c in enumerate(configs)}
+    bad.sort(key=lambda s: place.get(tuple(sorted(s["config"].items())), 0))  # shards finish in any order
     return Sweep(order_rows(rows, configs), skipped + bad)
