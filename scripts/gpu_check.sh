@@ -14,4 +14,6 @@ python3 scripts/bench_gpu.py --rows 1024 --buckets 65536 --steps 24 2>&1 | tee "
 # whole-model search (issue 10 models) on NumPy and CuPy, same answers
 python3 scripts/bench_search.py --skip-baseline --backends numpy,cupy --rows 4 2>&1 | tee -a "$out/gpu_bench.md"
 python3 scripts/bench_gpu.py --rows 8192 --buckets 65536 --steps 8 --repeat 2 2>&1 | tee -a "$out/gpu_bench.md"
+# the sweep (issue 13): CuPy against NumPy on the same grid, identical rows
+python3 scripts/bench_sweep.py --backends numpy,cupy --dask-workers 0 2>&1 | tee -a "$out/gpu_bench.md"
 exit $status

@@ -1,0 +1,98 @@
+"""Benchmark (issue 13): a sweep of the shipped Llama-2-70B example against a loop of best_splits.
+
+Usage: python scripts/bench_sweep.py [--backends numpy[,cupy]] [--dask-workers N]
+Both sides produce the same rows (best split, score, simulated iteration time per
+configuration); the script checks that they are identical and prints the times.
+The loop is what a driver would write without the sweep: per configuration,
+best_splits, then the split's simulated schedule time.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+
+import numpy as np  # noqa: E402
+
+from gpuknap import MEGABYTE, best_splits, sweep  # noqa: E402
+from gpuknap.sweep import expand  # noqa: E402
+from gpuknap.sweep_source import builder_of  # noqa: E402
+from gpuknap.timeline import simulated_times  # noqa: E402
+
+LLAMA = os.path.join(ROOT, "gpuknap", "examples", "llama2_70b.json")
+GRID = {"stages": [1, 2, 4, 8, 16], "tensor_parallel": [1, 2, 4, 8], "micro_batch_size": [1, 2, 4, 8],
+        "interleave": [1, 2]}
+GPUS, BATCH = 256, 1024
+
+
+def loop(bucket: float, backend: str) -> dict:
+    builder, _, _, _ = builder_of(LLAMA, None, None, None, bucket)
+    configs, _ = expand(GRID, GPUS, BATCH, builder.layers)
+    out = {}
+    for c in configs:
+        try:
+            model = builder(c)
+            found = best_splits(model, c["stages"], 1, "1f1b", bucket, backend=backend, interleave=c["interleave"])
+        except ValueError:
+            continue
+        sims = simulated_times(model, found, None, c["interleave"])
+        out[tuple(sorted(c.items()))] = [(list(f[0]), f[1], t) for f, t in zip(found, sims)]
+    return out
+
+
+def rows_of(result) -> dict:
+    out = {}
+    for r in result.rows:
+        entry = out.setdefault(tuple(sorted(r["config"].items())), [])
+        if r["feasible"]:
+            entry.append((r["counts"], r["score"], r["iteration_time"]))
+    return out
+
+
+def timed(fn, repeat: int = 3):
+    best, value = float("inf"), None
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        value = fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, value
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--backends", default="numpy")
+    ap.add_argument("--dask-workers", type=int, default=2)
+    args = ap.parse_args()
+    print(f"# {platform.machine()}, {os.cpu_count()} cores, python {platform.python_version()}, "
+          f"numpy {np.__version__}, {time.strftime('%Y-%m-%d')}")
+    print(f"# {LLAMA}: {GPUS} GPUs, global batch {BATCH}, grid {GRID}\n")
+    print("| bucket | backend | configurations | feasible | sweep (s) | loop of best_splits (s) | loop / sweep | identical |")
+    print("|---|---|---:|---:|---:|---:|---:|:---:|")
+    for bucket in (16 * MEGABYTE, MEGABYTE):
+        for backend in args.backends.split(","):
+            ts, result = timed(lambda: sweep(LLAMA, GRID, gpus=GPUS, global_batch=BATCH, backend=backend,
+                                             bucket=bucket))
+            tl, ref = timed(lambda: loop(bucket, backend))
+            same = rows_of(result) == ref
+            feasible = sum(1 for r in result.rows if r["feasible"])
+            print(f"| {bucket / MEGABYTE:g} MiB | {backend} | {len(ref)} | {feasible} | {ts:.2f} | {tl:.2f} "
+                  f"| {tl / ts:.2f}x | {'yes' if same else 'NO'} |", flush=True)
+    if args.dask_workers:
+        from distributed import Client, LocalCluster
+        with LocalCluster(n_workers=args.dask_workers, threads_per_worker=1, processes=True,
+                          dashboard_address=None) as cluster, Client(cluster) as client:
+            want = sweep(LLAMA, GRID, gpus=GPUS, global_batch=BATCH, backend="numpy", bucket=16 * MEGABYTE)
+            t, got = timed(lambda: sweep(LLAMA, GRID, gpus=GPUS, global_batch=BATCH, backend="numpy",
+                                         bucket=16 * MEGABYTE, scheduler=client), 2)
+            print(f"\nDask LocalCluster, {args.dask_workers} worker processes, 16 MiB: {t:.2f} s, rows identical to "
+                  f"the in-process sweep: {'yes' if got.rows == want.rows else 'NO'}")
+
+
+if __name__ == "__main__":
+    main()
