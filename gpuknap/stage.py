@@ -122,11 +122,10 @@ def _choose(table: FrontTable, groups: tuple, budget: float) -> StageChoice | No
         checkpoints.append(row)
         for layer in range(first, first + stride):
             row = pass_level(np, row[None, :], None, width, _segment(steps[layer][1]))[0]
-    last = block(row, firsts[-1])
-    best = last[capacity]
-    if math.isinf(best):
+    start = _traceback_start(block(row, firsts[-1]), capacity)
+    if start is None:
         return None
-    c = int(np.argmax(last == best))  # least weight among least time
+    best, c = start
     option_counts = [[0] * len(f.options) for f in fronts]
     for k in reversed(range(len(firsts))):
         first = firsts[k]
@@ -140,6 +139,14 @@ def _choose(table: FrontTable, groups: tuple, budget: float) -> StageChoice | No
     return _assemble(groups, fronts, option_counts, float(best))
 
 
+def _traceback_start(last: np.ndarray, capacity: int) -> tuple[float, int] | None:
+    """``(least time, least weight with it)`` of the last DP row, None when nothing fits."""
+    best = last[capacity]
+    if math.isinf(best):
+        return None
+    return best, int(np.argmax(last == best))
+
+
 def _choose_kept_rows(groups: tuple, fronts: list[Front], steps: list, width: int,
                       capacity: int) -> StageChoice | None:
     """The traceback when every DP row fits: at each layer, the first (lightest)
@@ -148,11 +155,10 @@ def _choose_kept_rows(groups: tuple, fronts: list[Front], steps: list, width: in
     rows = [zeros_row(width)]
     for _, f in steps:
         rows.append(pass_level(np, rows[-1], None, width, _segment(f)))
-    last = rows[-1][0]
-    best = last[capacity]
-    if math.isinf(best):
+    start = _traceback_start(rows[-1][0], capacity)
+    if start is None:
         return None
-    c = int(np.argmax(last == best))  # least weight among least time
+    best, c = start
     option_counts = [[0] * len(f.options) for f in fronts]
     for layer in reversed(range(len(steps))):
         gi, f = steps[layer]

@@ -16,20 +16,14 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 import numpy as np  # noqa: E402
 
+sys.path.insert(0, HERE)
+from bench_model import timed  # noqa: E402
+
 from gpuknap import best_splits  # noqa: E402
 from gpuknap.spec import load_spec  # noqa: E402
 from gpuknap.timeline import simulated_times  # noqa: E402
 
 SAPP = os.path.join(os.path.dirname(HERE), "gpuknap", "examples", "sapp_ppb_demo.json")
-
-
-def timed(fn, repeat=3):
-    best, out = float("inf"), None
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        out = fn()
-        best = min(best, time.perf_counter() - t0)
-    return best, out
 
 
 def main() -> None:

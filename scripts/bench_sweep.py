@@ -20,6 +20,9 @@ sys.path.insert(0, ROOT)
 
 import numpy as np  # noqa: E402
 
+sys.path.insert(0, HERE)
+from bench_model import timed  # noqa: E402
+
 from gpuknap import MEGABYTE, best_splits, sweep  # noqa: E402
 from gpuknap.sweep import expand  # noqa: E402
 from gpuknap.sweep_source import builder_of  # noqa: E402
@@ -53,15 +56,6 @@ def rows_of(result) -> dict:
         if r["feasible"]:
             entry.append((r["counts"], r["score"], r["iteration_time"]))
     return out
-
-
-def timed(fn, repeat: int = 3):
-    best, value = float("inf"), None
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        value = fn()
-        best = min(best, time.perf_counter() - t0)
-    return best, value
 
 
 def main() -> None:
