@@ -43,8 +43,8 @@ from .timeline import chunk_times
 #: Grid keys and the configuration keys they set.
 GRID_KEYS = ("stages", "tensor_parallel", "micro_batch_size", "interleave")
 SCORES = ("slowest", "1f1b")
-#: Most configurations one sweep may hold.
-MAX_CONFIGS = 100_000
+#: Most configurations one sweep may hold (each is a whole-model search: about 10-50 ms here).
+MAX_CONFIGS = 5_000
 
 
 @dataclass(frozen=True)
