@@ -259,7 +259,7 @@ def simulated_rows(model: Any, rows: np.ndarray, chunks: int, bucket: float, bac
     return out
 
 
-def _most_layers(model: Any, fronts: Any, table: list) -> int:
+def most_layers(model: Any, fronts: Any, table: list) -> int:
     """An upper bound on the layers one stage can hold: the middle kind's static bytes
     plus its lightest option at the least in-flight count, against the device (two
     more for the first and last layers)."""
@@ -289,7 +289,7 @@ def best_interleaved(model: Any, p: int, chunks: int, top: int, score: str, buck
     m = model.micro_batches
     out = Found()
     if one_body_kind(model) and score != "simulated":
-        most = _most_layers(model, fronts, table)
+        most = most_layers(model, fronts, table)
         body = body_time(model, fastest)
         latest: dict = {}
 

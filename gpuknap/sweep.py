@@ -33,7 +33,7 @@ from .progress import report
 from .ranking import solve_problems
 from .results import PipelineChoice
 from .search import certified_rounds
-from .search_interleaved import (_most_layers, best_interleaved, body_time, counts_of, one_body_kind,
+from .search_interleaved import (most_layers, best_interleaved, body_time, counts_of, one_body_kind,
                                  plan_tuples, tuple_cap)
 from .segments import coverage, fastest_prefix, plan_segments
 from .stage import Planner
@@ -132,7 +132,7 @@ class _Job:
         self.limit = next(self.rounds)
         if self.v > 1:
             self.table = model.in_flight_table(self.p, self.v)
-            self.most = _most_layers(model, fronts, self.table)
+            self.most = most_layers(model, fronts, self.table)
             self.body = body_time(model, self.fastest)
 
     def plan(self) -> Any:
