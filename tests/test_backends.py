@@ -99,3 +99,22 @@ def test_search_and_model_rank_are_identical_on_every_backend(backend, score):
     a = model.rank(inter, 2**20, backend, in_flight=table, chunks=2)
     b = model.rank(inter, 2**20, "numpy", in_flight=table, chunks=2)
     assert np.array_equal(a.slowest, b.slowest) and a.times(1) == b.times(1)
+
+
+def test_simulated_interleaved_and_sweep_are_identical_on_every_backend(backend):
+    """The simulated score, the exact interleaved search and a sweep give the same answers
+    on every backend (with small chunks, so the batches are cut)."""
+    from gpuknap import MEGABYTE, best_splits, sweep
+    from gpuknap.spec import load_spec
+
+    demo = os.path.join(os.path.dirname(gpuknap.__file__), "examples", "demo.json")
+    model = load_spec(demo, capacity="80GiB").model
+    for kwargs in (dict(score="simulated"), dict(score="1f1b", interleave=2), dict(score="slowest", interleave=2)):
+        want = best_splits(model, 8, 3, bucket=MEGABYTE, backend="numpy", **kwargs)
+        got = best_splits(model, 8, 3, bucket=MEGABYTE, backend=backend, max_bytes=2**24, **kwargs)
+        assert [(c, s) for c, s, _ in got] == [(c, s) for c, s, _ in want], kwargs
+    llama = os.path.join(os.path.dirname(gpuknap.__file__), "examples", "llama2_70b.json")
+    grid = {"stages": [2, 4], "tensor_parallel": [4, 8], "micro_batch_size": [1, 2], "interleave": [1, 2]}
+    a = sweep(llama, grid, gpus=32, global_batch=64, backend="numpy")
+    b = sweep(llama, grid, gpus=32, global_batch=64, backend=backend)
+    assert a.rows == b.rows
