@@ -19,10 +19,11 @@ separately, and ties are broken by the per-stage totals in lexicographic order.
 
 **Other models**: a local search, documented as such (not proven optimal):
 from several starts (the best plain split into ``v * P`` stages placed
-round-robin, and the most even split), every move of one layer between two
-adjacent segments is scored exactly in one batch (``model.rank``), the best
-improving move is taken until none improves, and the best splits seen are
-returned with a lower bound on the optimum.
+round-robin, and the most even split), every move of one boundary between
+segments by one or two layers, or of two boundaries by one layer, is scored
+exactly in one batch (``model.rank``), the best improving move is taken until
+none improves, and the best splits seen are returned with a lower bound on
+the optimum.
 
 Scores: ``slowest``; ``1f1b`` becomes the interleaved closed form
 ``(M - 1/v) * slowest + sum / v`` (for equal stages ``M t + (P - 1) t / v``,
@@ -200,10 +201,9 @@ def interleaved_score(times: np.ndarray, score: str, micro_batches: int, chunks:
                         np.inf)
 
 
-def local_search(p: int, chunks: int, top: int, starts: list, score_rows: Any,
+def local_search(top: int, starts: list, score_rows: Any,
                  max_rounds: int = 10_000) -> list[tuple]:
-    """Best-improvement local search over moves of one layer between adjacent segments,
-    from each start; ``score_rows(rows [B, P*v]) -> scores [B]``; returns the ``top``
+    """Best-improvement local search over the moves of :func:`_moves`, from each start; ``score_rows(rows [B, P*v]) -> scores [B]``; returns the ``top``
     best ``(counts, score)`` of every split scored (ties by counts)."""
     seen: dict[tuple, float] = {}
 
@@ -214,19 +214,11 @@ def local_search(p: int, chunks: int, top: int, starts: list, score_rows: Any,
                 seen[r] = v
         return [seen[r] for r in rows]
 
-    k = p * chunks
     for start in starts:
         current = tuple(start)
         value = scores([current])[0]
         for _ in range(max_rounds):
-            moves = []
-            for i in range(k - 1):
-                for d in (1, -1):  # one layer from segment i to i + 1, or back
-                    row = list(current)
-                    row[i] -= d
-                    row[i + 1] += d
-                    if row[i] >= 1 and row[i + 1] >= 1:
-                        moves.append(tuple(row))
+            moves = _moves(current)
             if not moves:
                 break
             values = scores(moves)
@@ -236,6 +228,34 @@ def local_search(p: int, chunks: int, top: int, starts: list, score_rows: Any,
             current, value = moves[best], values[best]
     ranked = sorted((v, c) for c, v in seen.items() if math.isfinite(v))
     return [(c, v) for v, c in ranked[:top]]
+
+
+def _shift(counts: tuple, i: int, d: int) -> tuple | None:
+    """Move boundary i (between segments i and i + 1) by d layers; None if a segment empties."""
+    row = list(counts)
+    row[i] -= d
+    row[i + 1] += d
+    return tuple(row) if row[i] >= 1 and row[i + 1] >= 1 else None
+
+
+def _moves(counts: tuple) -> list[tuple]:
+    """Every split one or two boundary shifts of one layer away (two boundaries: a layer
+    passed along, or two segments growing or shrinking at once), and single shifts of two."""
+    k = len(counts)
+    out = []
+    for i in range(k - 1):
+        for d in (1, -1, 2, -2):
+            row = _shift(counts, i, d)
+            if row is not None:
+                out.append(row)
+        for j in range(i + 1, k - 1):
+            for d in (1, -1):
+                for e in (1, -1):
+                    row = _shift(counts, i, d)
+                    row = None if row is None else _shift(row, j, e)
+                    if row is not None:
+                        out.append(row)
+    return out
 
 
 def simulated_rows(model: Any, rows: np.ndarray, chunks: int, bucket: float, backend: Any, in_flight: Any,
@@ -321,7 +341,7 @@ def best_interleaved(model: Any, p: int, chunks: int, top: int, score: str, buck
         least = best_interleaved(model, p, chunks, 1, "slowest", bucket, backend, in_flight, max_bytes)
         if least and least.exact:
             slowest = least[0][1]
-        out.extend(local_search(p, chunks, top, starts, lambda rows: simulated_rows(
+        out.extend(local_search(top, starts, lambda rows: simulated_rows(
             model, rows, chunks, bucket, backend, in_flight, max_bytes)))
         out.exact, out.lower_bound = False, m * slowest
         return out
@@ -330,7 +350,7 @@ def best_interleaved(model: Any, p: int, chunks: int, top: int, score: str, buck
         times = model.rank(rows, bucket, backend, in_flight, chunks, max_bytes).stage_table()
         return interleaved_score(times, score, m, chunks)
 
-    out.extend(local_search(p, chunks, top, starts, score_rows))
+    out.extend(local_search(top, starts, score_rows))
     out.exact = False
     out.lower_bound = slowest if score == "slowest" else ((chunks * m - 1) * slowest + float(fastest[-1])) / chunks
     return out
