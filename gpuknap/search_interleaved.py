@@ -44,7 +44,6 @@ from typing import Any
 import numpy as np
 
 from .ranking import solve_problems
-from .results import Stage
 from .segments import SegmentTable
 
 #: Most per-stage chunk tuples one table may hold.
@@ -62,19 +61,6 @@ class Found(list):
 def one_body_kind(model: Any) -> bool:
     """True when every layer but the first and the last is of one kind (the exact case)."""
     return len(set(model.kinds[1:-1])) <= 1
-
-
-def _stage(model: Any, s: int, p: int, chunks: int, counts: tuple, table: list) -> Stage:
-    """Stage s holding ``counts[c]`` layers in chunk c, built as ``model.stages`` builds it
-    (segment positions stand in for the real ones: between the first and the last
-    layer every layer is of one kind)."""
-    n, last = model.layers, chunks * p - 1
-    groups = []
-    for c, count in enumerate(counts):
-        i = c * p + s
-        a = 0 if i == 0 else n - count if i == last else 1
-        groups += model.segment_groups(a, a + count, table[s][c])
-    return Stage(groups, model.budget_of(groups))
 
 
 class TuplePlan:
@@ -145,9 +131,11 @@ def body_time(model: Any, fastest: np.ndarray) -> float:
 
 
 def _problem(model: Any, s: int, p: int, chunks: int, counts: tuple, table: list, pieces: dict) -> Any:
-    """The canonical problem of :func:`_stage` (the same groups, the same budget sum),
-    built without the validation: runs of one (kind, in-flight) merged, static bytes
-    added group by group as ``model.budget_of`` adds them."""
+    """The canonical problem of stage s holding ``counts[c]`` layers in chunk c, equal to
+    the one ``model.stages`` builds: segment positions stand in for the real ones
+    (between the first and the last layer every layer is of one kind), runs of one
+    (kind, in-flight) are merged, static bytes added group by group as
+    ``model.budget_of`` adds them."""
     from .model import kind_counts
     from .problem import StageProblem
 
