@@ -211,7 +211,7 @@ def run_configs(configs: list, builder: Callable, *, global_batch: int, score: s
                 backend: Any, max_bytes: int | None, time_unit: float, tokens: Any) -> tuple[list, list]:
     """Rows of ``configs`` in process (what each Dask worker runs on its shard):
     ``(rows, skipped)``, skipped holding configurations whose model cannot be built."""
-    jobs, alone, skipped, models = [], [], [], {}
+    jobs, alone, skipped, models, tables = [], [], [], {}, {}
     for config in configs:
         try:
             model = builder(dict(config))
@@ -226,7 +226,9 @@ def run_configs(configs: list, builder: Callable, *, global_batch: int, score: s
         if config["interleave"] > 1 and not one_body_kind(model):
             alone.append(config)
         else:
-            jobs.append(_Job(config, model, bucket, score, top, FrontTable(model.fronts, bucket)))
+            key = _fingerprint(model.fronts)  # one front table per distinct set of options
+            fronts = tables.get(key) or tables.setdefault(key, FrontTable(model.fronts, bucket))
+            jobs.append(_Job(config, model, bucket, score, top, fronts))
     _joint(jobs, bucket, backend, max_bytes)
     rows = []
     planners: dict = {}
