@@ -261,15 +261,17 @@ def best_splits(model: PipelineModel, stages: int, top: int = 1, score: str = "s
                             any(t.pruned for t in tables))
 
     plans = [Planner(v.fronts, bucket, table=fronts[(i, False)]) for i, v in enumerate(variants)]
+    # The bounds need each layer's fastest option over every variant: the model's own.
+    whole = fronts[(0, False)] if variants[0] is model else FrontTable(model.fronts, bucket)
     if score == "simulated":
-        found = _simulated_search(model, int(stages), int(top), fronts[(0, False)], in_flight, plans,
+        found = _simulated_search(model, int(stages), int(top), whole, in_flight, plans,
                                   lambda lim: table(False, lim))
     else:
-        found = _pruned_search(model, int(stages), int(top), score, fronts[(0, False)], in_flight,
+        found = _pruned_search(model, int(stages), int(top), score, whole, in_flight,
                                lambda lim: table(False, lim))
     bounds: list[float] = []
     if bound and found:
-        bounds = [value for _, value in _pruned_search(model, int(stages), len(found), score, fronts[(0, False)],
+        bounds = [value for _, value in _pruned_search(model, int(stages), len(found), score, whole,
                                                        in_flight, lambda lim: table(True, lim))]
     out = []
     for i, (counts, value) in enumerate(found):

@@ -378,3 +378,18 @@ def test_pruned_search_takes_more_rounds_when_memory_forces_slow_options():
     assert len(limits) > 1
     want = brute(model, 4, "slowest", 1)[:3]
     assert [(s, c) for c, s, _ in got] == want
+
+
+def test_pruned_search_bounds_use_every_variants_fastest_option(monkeypatch):
+    """With exclusive options the table is the least over variants, some of which lack the
+    fastest option: the certificate must use the model's own fastest times, else splits
+    are certified against a bound they do not have (this model failed so)."""
+    import gpuknap.search as search_mod
+
+    fr = {"a": [LayerOption("NONE", 6, 3.0, 3.0), LayerOption("SLCT", 8, 0.5, 0.5), LayerOption("COMM", 3, 2.0, 3.0)]}
+    model = PipelineModel(["a"] * 18, fr, {"a": 1}, 58, 3)
+    got = best_splits(model, 4, 3, "1f1b", 1, backend="numpy", exclusive=[("SLCT", "COMM")])
+    real = search_mod.segment_table
+    monkeypatch.setattr(search_mod, "segment_table", lambda *a: real(*a[:7], math.inf, *a[8:]))
+    want = best_splits(model, 4, 3, "1f1b", 1, backend="numpy", exclusive=[("SLCT", "COMM")])
+    assert [(c, s) for c, s, _ in got] == [(c, s) for c, s, _ in want]
