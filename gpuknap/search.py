@@ -36,7 +36,7 @@ from .backend import get_backend
 from .engine import check_max_bytes
 from .limits import MAX_TOP
 from .model import PipelineModel
-from .options import MEGABYTE, check_bucket, check_int
+from .options import MEGABYTE, LayerOption, check_bucket, check_int
 from .results import PipelineChoice
 from .results import Stage
 from .schedule import iteration_times
@@ -252,7 +252,7 @@ def best_splits(model: PipelineModel, stages: int, top: int = 1, score: str = "s
 
     def table(relaxed: bool, limit: float) -> SegmentTable:
         tables = [segment_table(v, int(stages), bucket, backend, in_flight, max_bytes, relaxed, limit,
-                                fronts[(i, relaxed)]) for i, v in enumerate(variants)]
+                                fronts[(i, relaxed)], len(variants) == 1) for i, v in enumerate(variants)]
         if len(tables) == 1:
             return tables[0]
         width = max(t.width for t in tables)  # bands of the variants, padded to one width, then the least
@@ -339,6 +339,10 @@ def _simulated_search(model: PipelineModel, stages: int, top: int, fronts: Front
     return top_simulated(make_table(limit), top, model.micro_batches, stage_times, prefix)
 
 
+#: The option of a kind whose every option a variant excludes: more memory than any device.
+EXCLUDED = LayerOption("(excluded)", 0.0, 0.0, 0.0, held_once=float(2**70))
+
+
 def _variants(model: PipelineModel, exclusive: Any) -> list[PipelineModel]:
     """The model once per way to keep every pair of ``exclusive`` option names apart
     (each pair: one model without the first name, one without the second)."""
@@ -352,5 +356,7 @@ def _variants(model: PipelineModel, exclusive: Any) -> list[PipelineModel]:
     for first, second in exclusive:
         fronts_list = [{kind: [o for o in fronts[kind] if getattr(o, "name", None) != drop] for kind in fronts}
                        for fronts in fronts_list for drop in (first, second)]
-    return [PipelineModel(model.kinds, fronts, model.static, model.capacity, model.micro_batches, model.reserved)
-            for fronts in fronts_list if all(fronts[k] for k in model.kind_order)]
+    # A kind left without options in a variant still runs elsewhere: give it one option no
+    # device can hold, so only the stages holding that kind are infeasible in the variant.
+    return [PipelineModel(model.kinds, {kind: opts or [EXCLUDED] for kind, opts in fronts.items()}, model.static,
+                          model.capacity, model.micro_batches, model.reserved) for fronts in fronts_list]

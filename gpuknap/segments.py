@@ -200,7 +200,7 @@ def _cut_rooms(rooms: np.ndarray, prefix: np.ndarray, limit: float) -> np.ndarra
 
 def segment_table(model: Any, stages: int, bucket: float, backend: Any,
                   in_flight: Any = None, max_bytes: int | None = None, relaxed: bool = False,
-                  limit: float = math.inf, fronts: FrontTable | None = None) -> SegmentTable:
+                  limit: float = math.inf, fronts: FrontTable | None = None, cover: bool = True) -> SegmentTable:
     """Least time of stage s on layers ``start:end`` for every segment of a split.
 
     Every candidate segment (within its stage's span bound) is classified with
@@ -213,10 +213,13 @@ def segment_table(model: Any, stages: int, bucket: float, backend: Any,
     fastest options alone take longer than ``limit``; a search that finds its
     answers at or under ``limit`` is then still exact (``best_splits``).  ``fronts``: a
     FrontTable of the model's fronts at this bucket (and ``relaxed``) to reuse.
+    ``cover=False`` skips the all-infeasible shortcut: for a table that is one of
+    several a search takes the least of (exclusive options), where other tables
+    may hold the segments this one cannot.
     """
     if fronts is None:
         fronts = FrontTable(model.fronts, bucket, relaxed)  # relaxed: lower bounds on exact-bytes times
-    plan = plan_segments(model, stages, fronts, in_flight, limit)
+    plan = plan_segments(model, stages, fronts, in_flight, limit, cover)
     return plan.fill(solve_problems(plan.problems, fronts, backend, max_bytes, plan.verdicts))
 
 
@@ -241,12 +244,12 @@ class SegmentPlan:
 
 
 def plan_segments(model: Any, stages: int, fronts: FrontTable, in_flight: Any = None,
-                  limit: float = math.inf) -> SegmentPlan:
+                  limit: float = math.inf, cover: bool = True) -> SegmentPlan:
     """The work of :func:`segment_table` up to the solve (see there)."""
     n = model.layers
     inflight, index, rooms = _search_space(model, stages, fronts, in_flight)
     empty = (np.empty(0, dtype=np.int64),) * 3
-    if coverable_layers(rooms, n) < n:
+    if cover and coverable_layers(rooms, n) < n:
         return SegmentPlan(stages, n, 1, empty, np.empty(0, dtype=bool), np.empty(0, dtype=np.int64), [], [], False)
     pruned = False
     if limit < math.inf:

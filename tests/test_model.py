@@ -393,3 +393,45 @@ def test_pruned_search_bounds_use_every_variants_fastest_option(monkeypatch):
     monkeypatch.setattr(search_mod, "segment_table", lambda *a: real(*a[:7], math.inf, *a[8:]))
     want = best_splits(model, 4, 3, "1f1b", 1, backend="numpy", exclusive=[("SLCT", "COMM")])
     assert [(c, s) for c, s, _ in got] == [(c, s) for c, s, _ in want]
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_exclusive_options_against_brute_force_when_one_variant_cannot_cover(seed):
+    """Exclusive options with kinds that lose their only light option in a variant: that
+    variant alone cannot hold the model, yet its stages still count for the stages that
+    fit it.  Every score against brute force over every split, each stage the fastest
+    of the variants whose options cover its kinds."""
+    from gpuknap.schedule import iteration_times
+    from gpuknap.timeline import stage_forward_backward
+
+    rng = random.Random(3000 + seed)
+    fr = {"a": [LayerOption("NONE", rng.randint(4, 9), 2.0, 2.0), LayerOption("SLCT", 1, 2.5, 2.5)],
+          "b": [LayerOption("NONE", rng.randint(4, 9), 1.5, 3.0), LayerOption("COMM", 1, 2.0, 3.5)]}
+    if seed % 3 == 0:
+        fr["b"] = [LayerOption("COMM", 2, 1.0, 2.0)]  # b runs COMM only: without COMM it cannot run at all
+    model = PipelineModel([rng.choice("ab") for _ in range(rng.randint(6, 11))], fr, {"a": 1, "b": 1},
+                          rng.randint(20, 45), rng.randint(2, 5))
+    p = rng.randint(2, min(4, model.layers))
+    without = [{k: [o for o in v if o.name != drop] for k, v in fr.items()} for drop in ("SLCT", "COMM")]
+    m = model.micro_batches
+    found = {"slowest": [], "1f1b": [], "simulated": []}
+    for counts in compositions(model.layers, p):
+        times, fb = [], []
+        bounds = np.concatenate(([0], np.cumsum(counts))).tolist()
+        for s, stage in enumerate(model.stages(counts)):
+            solved = [pp_lite([stage], f, 1) for f in without if all(f[g.kind] for g in stage.groups)]
+            solved = [c for c in solved if c is not None]
+            if not solved:
+                break
+            best = min(solved, key=lambda c: c.times[0])
+            times.append(best.times[0])
+            fb.append(stage_forward_backward(model, bounds[s], bounds[s + 1], best.stages[0]))
+        else:
+            for score in ("slowest", "1f1b"):
+                found[score].append((exact_score(times, score, m), counts))
+            sim = iteration_times(np.array([[[f] for f, _ in fb]]), np.array([[[b] for _, b in fb]]), m)[0]
+            found["simulated"].append((sim, counts))
+    for score, entries in found.items():
+        want = [(float(s), c) for s, c in sorted(entries)][:3]
+        got = best_splits(model, p, 3, score, 1, backend="numpy", exclusive=[("SLCT", "COMM")])
+        assert [(s, c) for c, s, _ in got] == want, score
