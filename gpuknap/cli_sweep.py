@@ -25,7 +25,7 @@ def integers(flag: str) -> Any:
     def parse(text: str) -> list[int]:
         parts = [p.strip() for p in text.split(",")]
         if not parts or any(not p for p in parts):
-            raise argparse.ArgumentTypeError(f"{flag}: expected comma-separated integers such as 4,8,16, got {text!r}")
+            raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 4,8,16, got {text!r}")
         return [one(p) for p in parts]
 
     return parse
