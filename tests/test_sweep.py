@@ -99,6 +99,17 @@ def test_dask_local_cluster_gives_identical_rows():
         many = sweep(LLAMA, grid, gpus=32, global_batch=64, backend="numpy", bucket=16 * MIB,
                      scheduler=client, shards=7)
         assert many.rows == want.rows
+        scale = 2.0  # a closure over local state, pickled to the workers
+
+        def build(config):
+            from gpuknap import LayerOption, PipelineModel
+            t = scale / config["tensor_parallel"]
+            return PipelineModel(["x"] * 10, {"x": [LayerOption("keep", 3e9, t, 2 * t)]}, {"x": 1e9}, 80e9,
+                                 config["micro_batches"])
+
+        local = sweep(build, grid, gpus=32, global_batch=64, backend="numpy")
+        remote = sweep(build, grid, gpus=32, global_batch=64, backend="numpy", scheduler=client)
+        assert remote.rows == local.rows and local.best is not None
 
 
 def test_missing_dask_is_one_clear_error(monkeypatch):
