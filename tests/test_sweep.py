@@ -176,3 +176,30 @@ def test_cli_all_infeasible_exits_1_with_the_closest():
     p = cli(LLAMA, "--gpus", "8", "--global-batch", "64", "--stages", "1,2", "--tp", "1,2", "--capacity", "8GiB")
     assert p.returncode == 1, p.stderr
     assert "no configuration fits" in p.stderr and "the closest" in p.stderr and "layers" in p.stderr
+
+
+def _dying_builder(marker):
+    """A source whose first build of one configuration kills its process (a worker lost
+    mid-sweep); later builds, after the marker exists, work."""
+    def build(config):
+        from gpuknap import LayerOption, PipelineModel
+        if config["stages"] == 2 and config["tensor_parallel"] == 4 and not os.path.exists(marker):
+            open(marker, "w").close()
+            os._exit(1)
+        t = 2.0 / config["tensor_parallel"]
+        return PipelineModel(["x"] * 10, {"x": [LayerOption("keep", 3e9, t, 2 * t)]}, {"x": 1e9}, 80e9,
+                             config["micro_batches"])
+    return build
+
+
+def test_dask_reruns_the_shard_of_a_worker_that_died(tmp_path):
+    distributed = pytest.importorskip("distributed")
+    grid = {"stages": [1, 2, 4], "tensor_parallel": [4, 8]}
+    (tmp_path / "done").write_text("")
+    want = sweep(_dying_builder(str(tmp_path / "done")), grid, gpus=32, global_batch=64, backend="numpy")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=None) as cluster, distributed.Client(cluster) as client:
+        got = sweep(_dying_builder(str(tmp_path / "dies")), grid, gpus=32, global_batch=64, backend="numpy",
+                    scheduler=client)
+    assert (tmp_path / "dies").exists()  # a worker did die
+    assert got.rows == want.rows
