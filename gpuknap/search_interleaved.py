@@ -164,6 +164,12 @@ def tuple_cap(most: int, body: float, limit: float) -> int:
     return most if not (math.isfinite(limit) and body > 0) else min(most, int(limit // body) + 3)
 
 
+def tuple_planner(model: Any, p: int, chunks: int, table: list, fronts: Any, fastest: np.ndarray) -> Any:
+    """``plan(limit) -> TuplePlan`` for one interleaved search (the layer cap set per limit)."""
+    most, body = most_layers(model, fronts, table), body_time(model, fastest)
+    return lambda limit: plan_tuples(model, p, chunks, table, fronts, limit, fastest, tuple_cap(most, body, limit))
+
+
 def counts_of(totals: tuple, choice: dict, p: int, chunks: int) -> tuple:
     """Chunk-major counts of a split from its per-stage totals."""
     out = [0] * (p * chunks)
@@ -297,12 +303,11 @@ def best_interleaved(model: Any, p: int, chunks: int, top: int, score: str, buck
     m = model.micro_batches
     out = Found()
     if one_body_kind(model) and score != "simulated":
-        most = most_layers(model, fronts, table)
-        body = body_time(model, fastest)
+        planner = tuple_planner(model, p, chunks, table, fronts, fastest)
         latest: dict = {}
 
         def make(limit: float) -> SegmentTable:
-            plan = plan_tuples(model, p, chunks, table, fronts, limit, fastest, tuple_cap(most, body, limit))
+            plan = planner(limit)
             T, choice = plan.fill(solve_problems(plan.problems, fronts, backend, max_bytes, plan.verdicts))
             latest.clear()
             latest.update(choice)

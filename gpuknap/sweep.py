@@ -33,8 +33,7 @@ from .progress import report
 from .ranking import solve_problems
 from .results import PipelineChoice
 from .search import certified_rounds
-from .search_interleaved import (most_layers, best_interleaved, body_time, counts_of, one_body_kind,
-                                 plan_tuples, tuple_cap)
+from .search_interleaved import best_interleaved, counts_of, one_body_kind, tuple_planner
 from .segments import coverage, fastest_prefix, plan_segments
 from .stage import Planner
 from .schedule import iteration_times
@@ -131,16 +130,14 @@ class _Job:
         self.rounds = certified_rounds(model, self.p, top, score, fronts, m)
         self.limit = next(self.rounds)
         if self.v > 1:
-            self.table = model.in_flight_table(self.p, self.v)
-            self.most = most_layers(model, fronts, self.table)
-            self.body = body_time(model, self.fastest)
+            self.tuples = tuple_planner(model, self.p, self.v, model.in_flight_table(self.p, self.v), fronts,
+                                        self.fastest)
 
     def plan(self) -> Any:
         if self.v == 1:
             self.current = plan_segments(self.model, self.p, self.fronts, None, self.limit)
         else:
-            self.current = plan_tuples(self.model, self.p, self.v, self.table, self.fronts, self.limit, self.fastest,
-                                       tuple_cap(self.most, self.body, self.limit))
+            self.current = self.tuples(self.limit)
         return self.current
 
     def step(self, values: np.ndarray) -> bool:
