@@ -168,12 +168,15 @@ def _joint(jobs: list, bucket: float, backend: Any, max_bytes: int | None) -> No
     """Run every job's rounds; each round, the problems of all jobs still searching are
     deduplicated across jobs and solved together: one engine call per distinct set of
     fronts (jobs whose options are equal, whatever their P, M or budgets, share DP
-    chains; keeping different fronts apart keeps each batch's rows of similar width)."""
+    chains; keeping different fronts apart keeps each batch's rows of similar width).
+    Problems solved in an earlier round (a later round's table holds the earlier
+    one's segments again) are not solved twice."""
     ids: dict[Any, int] = {}
     tables: dict[int, FrontTable] = {}
     for job in jobs:
         job.fid = ids.setdefault(_fingerprint(job.model.fronts), len(ids))
         tables.setdefault(job.fid, job.fronts)
+    known: dict[int, dict] = {fid: {} for fid in tables}  # fid -> {problem: least time}
     active = list(jobs)
     while active:
         batches: dict[int, tuple] = {}  # fid -> (problem index, problems, verdicts)
@@ -190,10 +193,29 @@ def _joint(jobs: list, bucket: float, backend: Any, max_bytes: int | None) -> No
                     verdicts.append(how)
                 local[i] = at
             where.append(local)
-        values = {fid: solve_problems(problems, tables[fid], backend, max_bytes, verdicts)
+        values = {fid: _solve_new(problems, verdicts, known[fid], tables[fid], backend, max_bytes)
                   for fid, (_, problems, verdicts) in batches.items()}
         active = [job for job, local in zip(active, where) if not job.step(values[job.fid][local])]
         report("configurations", len(jobs) - len(active), len(jobs))
+
+
+def _solve_new(problems: list, verdicts: list, known: dict, table: FrontTable, backend: Any,
+               max_bytes: int | None) -> np.ndarray:
+    """Least times of ``problems``: those in ``known`` from there, the others solved in
+    one engine call (and added to ``known``)."""
+    values = np.full(len(problems), np.inf)
+    new = []
+    for i, q in enumerate(problems):
+        t = known.get(q)
+        if t is None:
+            new.append(i)
+        else:
+            values[i] = t
+    if new:
+        solved = solve_problems([problems[i] for i in new], table, backend, max_bytes, [verdicts[i] for i in new])
+        values[new] = solved
+        known.update(zip((problems[i] for i in new), solved.tolist()))
+    return values
 
 
 def _source(source: Any, capacity: Any, reserved: Any, seq: Any, bucket: Any) -> tuple:
