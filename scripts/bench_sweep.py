@@ -1,10 +1,16 @@
 """Benchmark (issue 13): a sweep of the shipped Llama-2-70B example against a loop of best_splits.
 
-Usage: python scripts/bench_sweep.py [--backends numpy[,cupy]] [--dask-workers N]
+Usage: python scripts/bench_sweep.py [--backends numpy[,cupy]] [--dask-workers N] [--cells]
 Both sides produce the same rows (best split, score, simulated iteration time per
 configuration); the script checks that they are identical and prints the times.
 The loop is what a driver would write without the sweep: per configuration,
 best_splits, then the split's simulated schedule time.
+
+--cells counts DP cells (rows x buckets over every pass) instead of timing: those
+of the loop, of the sweep, and of the union of every stage problem either one
+solves (all configurations and rounds in one batch, each distinct problem once,
+chains shared as far as their steps agree): the least DP work any scheme that
+shares these problems' passes can do.
 """
 from __future__ import annotations
 
@@ -58,14 +64,69 @@ def rows_of(result) -> dict:
     return out
 
 
+def dp_cells(run) -> tuple[int, list]:
+    """DP cells the engine computes while ``run()`` runs, and every (front table,
+    knapsack) it was given."""
+    import gpuknap.ranking as ranking
+    from gpuknap.batch import build_chunk, plan_chunks
+
+    seen, cells = [], [0]
+    solve = ranking.solve_knapsacks
+
+    def counting(problems, table, backend, max_bytes, n_ids):
+        seen.extend((table, p) for p in problems)
+        cells[0] += union_cells([(table, p) for p in problems], build_chunk, plan_chunks)
+        return solve(problems, table, backend, max_bytes, n_ids)
+
+    ranking.solve_knapsacks = counting
+    try:
+        run()
+    finally:
+        ranking.solve_knapsacks = solve
+    return cells[0], seen
+
+
+def union_cells(entries: list, build_chunk, plan_chunks) -> int:
+    """Cells of one batch per distinct set of fronts holding each distinct problem once."""
+    from gpuknap.batch import Knapsack
+
+    groups: dict = {}
+    for table, p in entries:
+        key = tuple(sorted(((k, tuple(v)) for k, v in table.fronts.items()), key=repr)), table.bucket, table.relaxed
+        groups.setdefault(key, (table, set()))[1].add((p.runs, p.capacity))
+    total = 0
+    for table, problems in groups.values():
+        knapsacks = [Knapsack(runs, cap, i) for i, (runs, cap) in enumerate(sorted(problems, key=repr))]
+        total += sum(build_chunk(e, table).cells for e in plan_chunks(knapsacks, 1 << 50, table.bucket))
+    return total
+
+
+def cells_report(bucket: float) -> None:
+    from gpuknap.batch import build_chunk, plan_chunks
+
+    sweep_cells, a = dp_cells(lambda: sweep(LLAMA, GRID, gpus=GPUS, global_batch=BATCH, backend="numpy",
+                                            bucket=bucket))
+    loop_cells, b = dp_cells(lambda: loop(bucket, "numpy"))
+    union = union_cells(a + b, build_chunk, plan_chunks)
+    print(f"| {bucket / MEGABYTE:g} MiB | {loop_cells:.3g} | {sweep_cells:.3g} | {union:.3g} "
+          f"| {loop_cells / sweep_cells:.2f}x | {loop_cells / union:.2f}x |", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--backends", default="numpy")
     ap.add_argument("--dask-workers", type=int, default=2)
+    ap.add_argument("--cells", action="store_true", help="count DP cells instead of timing")
     args = ap.parse_args()
     print(f"# {platform.machine()}, {os.cpu_count()} cores, python {platform.python_version()}, "
           f"numpy {np.__version__}, {time.strftime('%Y-%m-%d')}")
     print(f"# {LLAMA}: {GPUS} GPUs, global batch {BATCH}, grid {GRID}\n")
+    if args.cells:
+        print("| bucket | loop DP cells | sweep DP cells | union of all problems | loop / sweep | loop / union |")
+        print("|---|---:|---:|---:|---:|---:|")
+        for bucket in (16 * MEGABYTE, MEGABYTE):
+            cells_report(bucket)
+        return
     print("| bucket | backend | configurations | feasible | sweep (s) | loop of best_splits (s) | loop / sweep | identical |")
     print("|---|---|---:|---:|---:|---:|---:|:---:|")
     for bucket in (16 * MEGABYTE, MEGABYTE):
