@@ -85,12 +85,16 @@ def too_wide(capacity: int, max_bytes: int, bucket: float) -> str:
             f"or raise max_bytes (--max-memory)")
 
 
-def plan_chunks(problems: Sequence[Knapsack], max_bytes: int, bucket: float) -> list[list[tuple]]:
-    """Group problems by step sequence and cut them into chunks under ``max_bytes``.
+def plan_chunks(problems: Sequence[Knapsack], max_bytes: int, bucket: float,
+                target: int | None = None) -> list[list[tuple]]:
+    """Group problems by step sequence and cut them into chunks under ``target``
+    bytes (default ``max_bytes``; a smaller target keeps chunks cache-sized).
 
-    Returns chunks of ``(runs, [(capacity, ident), ...])``.  A single row too
+    Returns chunks of ``(runs, [(capacity, ident), ...])``.  A step sequence
+    whose row alone needs more than ``target`` gets a chunk of its own; one too
     wide for ``max_bytes`` raises ValueError naming a bucket that would fit.
     """
+    target = max_bytes if target is None else min(target, max_bytes)
     by_runs: dict[tuple, list] = {}
     for p in problems:
         by_runs.setdefault(p.runs, []).append((p.capacity, p.ident))
@@ -107,7 +111,7 @@ def plan_chunks(problems: Sequence[Knapsack], max_bytes: int, bucket: float) -> 
         need = row_bytes(max(c for c, _ in reads))
         if need > max_bytes:
             raise ValueError(too_wide(need // row_bytes(0) - 1, max_bytes, bucket))
-        if current and used + need > max_bytes:
+        if current and used + need > target:
             chunks.append(current)
             current, used = [], 0
         current.append((runs, reads))
@@ -115,6 +119,13 @@ def plan_chunks(problems: Sequence[Knapsack], max_bytes: int, bucket: float) -> 
     if current:
         chunks.append(current)
     return chunks
+
+
+def _source_row(parents: np.ndarray) -> int:
+    """The first parent row when ``parents`` are consecutive rows in order, else -1."""
+    if len(parents) == 0 or int(parents[-1]) - int(parents[0]) != len(parents) - 1:
+        return -1
+    return int(parents[0]) if bool((np.diff(parents) == 1).all()) else -1
 
 
 def build_chunk(entries: Sequence[tuple], table: FrontTable) -> Chunk:
@@ -163,8 +174,9 @@ def build_chunk(entries: Sequence[tuple], table: FrontTable) -> Chunk:
         cuts = np.flatnonzero(np.diff(steps)) + 1
         starts = np.concatenate(([0], cuts))
         stops = np.concatenate((cuts, [len(nodes)]))
+        parents = row_of[parent_a[nodes]]
         segments = [
-            Segment(int(a), int(b), fronts[steps[a]].weights, fronts[steps[a]].times)
+            Segment(int(a), int(b), fronts[steps[a]].weights, fronts[steps[a]].times, _source_row(parents[a:b]))
             for a, b in zip(starts.tolist(), stops.tolist())
         ]
         rr, rc, ri = [], [], []
@@ -174,7 +186,7 @@ def build_chunk(entries: Sequence[tuple], table: FrontTable) -> Chunk:
                 rc.append(cap)
                 ri.append(ident)
         levels.append(Level(
-            parent=row_of[parent_a[nodes]].copy(),
+            parent=parents.copy(),
             width=int(need_a[nodes].max()) + 1,
             segments=segments,
             read_rows=np.asarray(rr, dtype=np.int64),

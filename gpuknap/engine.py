@@ -75,7 +75,8 @@ def solve_knapsacks(problems: Sequence[Knapsack], table: FrontTable, backend: Ba
     limit = backend.default_max_bytes() if max_bytes is None else check_max_bytes(max_bytes)
     if backend.is_gpu and max_bytes is not None:  # never more than the device has free
         limit = min(limit, backend.default_max_bytes())
-    chunks = [build_chunk(entries, table) for entries in plan_chunks(problems, limit, table.bucket)]
+    chunks = [build_chunk(entries, table)
+              for entries in plan_chunks(problems, limit, table.bucket, backend.chunk_bytes(limit))]
     total = sum(chunk.cells for chunk in chunks)
     check_work(total, table.bucket, f"solving {len(problems):,} stage problems")
     done = 0

@@ -24,12 +24,17 @@ import numpy as np
 
 @dataclass(frozen=True)
 class Segment:
-    """Rows ``start:stop`` of a level apply the options ``weights``/``times``."""
+    """Rows ``start:stop`` of a level apply the options ``weights``/``times``.
+
+    ``source``: when these rows' parents are consecutive rows of the previous
+    level, the first of them (the pass then reads a view, no gather); else -1.
+    """
 
     start: int
     stop: int
     weights: np.ndarray
     times: np.ndarray
+    source: int = -1
 
 
 def pass_level(xp: Any, prev: Any, parent: Any, width: int, segments: Sequence[Segment]) -> Any:
@@ -39,11 +44,19 @@ def pass_level(xp: Any, prev: Any, parent: Any, width: int, segments: Sequence[S
     ``parent`` an index array into its rows, or ``None`` for the identity.
     Returns a new ``[len(parent), width]`` float64 array.
     """
-    gathered = _gather(xp, prev, parent, width)
-    out = xp.empty(gathered.shape, dtype=xp.float64)
+    rows = prev.shape[0] if parent is None else len(parent)
+    out = xp.empty((rows, width), dtype=xp.float64)
+    whole = None
+    if parent is None or not all(seg.source >= 0 for seg in segments):
+        whole = _gather(xp, prev, parent, width, view_only=True)
     scratch = None
     for seg in segments:
-        src = gathered[seg.start:seg.stop]
+        if whole is not None:
+            src = whole[seg.start:seg.stop]
+        elif seg.source >= 0:  # consecutive parents: a view of the previous level
+            src = prev[seg.source:seg.source + seg.stop - seg.start, :width]
+        else:  # only this segment's rows are gathered
+            src = prev[parent[seg.start:seg.stop], :width]
         dst = out[seg.start:seg.stop]
         filled = False
         for w, t in zip(seg.weights.tolist(), seg.times.tolist()):
@@ -64,15 +77,16 @@ def pass_level(xp: Any, prev: Any, parent: Any, width: int, segments: Sequence[S
     return out
 
 
-def _gather(xp: Any, prev: Any, parent: Any, width: int) -> Any:
-    """``prev[parent, :width]``, as a view when the parents are rows 0..R-1 in order."""
+def _gather(xp: Any, prev: Any, parent: Any, width: int, view_only: bool = False) -> Any:
+    """``prev[parent, :width]``, as a view when the parents are rows 0..R-1 in order
+    (with ``view_only``, None instead of a copy otherwise)."""
     if parent is None:
         return prev[:, :width]
     rows = len(parent)
     if rows <= prev.shape[0] and (rows == 0 or (int(parent[0]) == 0 and int(parent[-1]) == rows - 1
                                                 and bool((parent[1:] - parent[:-1] == 1).all()))):
         return prev[:rows, :width]
-    return prev[parent, :width]
+    return None if view_only else prev[parent, :width]
 
 
 def pass_level_tables(xp: Any, prev: Any, parent: Any, weights: Any, times: Any, width: int) -> Any:
