@@ -84,12 +84,22 @@ class Ranking:
 
 
 def solve_problems(problems: Sequence[StageProblem], table: FrontTable, backend: str | None,
-                   max_bytes: int | None, verdicts: Sequence[Any] | None = None) -> np.ndarray:
+                   max_bytes: int | None, verdicts: Sequence[Any] | None = None,
+                   known: dict | None = None) -> np.ndarray:
     """Least time of every distinct stage problem (``inf`` where none fits);
-    ``verdicts`` are the problems' verdicts when the caller has them already."""
+    ``verdicts`` are the problems' verdicts when the caller has them already.
+    ``known``: times of problems solved before (with this table), taken from
+    there; the problems solved now are added to it (the rounds of a search)."""
     values = np.full(len(problems), np.inf)
     knapsacks = []
+    new = []
     for ident, problem in enumerate(problems):
+        if known is not None:
+            t = known.get(problem)
+            if t is not None:
+                values[ident] = t
+                continue
+            new.append(ident)
         how = verdict(problem, table) if verdicts is None else verdicts[ident]
         if how.kind == FASTEST:
             values[ident] = how.time
@@ -99,6 +109,8 @@ def solve_problems(problems: Sequence[StageProblem], table: FrontTable, backend:
         solved = solve_knapsacks(knapsacks, table, get_backend(backend), max_bytes, len(problems))
         idents = [k.ident for k in knapsacks]
         values[idents] = solved[idents]
+    if known is not None:
+        known.update(zip((problems[i] for i in new), values[new].tolist()))
     return values
 
 

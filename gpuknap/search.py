@@ -249,10 +249,12 @@ def best_splits(model: PipelineModel, stages: int, top: int = 1, score: str = "s
 
     fronts = {(i, relaxed): FrontTable(v.fronts, bucket, relaxed)  # shared by every round and the plans
               for i, v in enumerate(variants) for relaxed in (False, True)}
+    known: dict = {key: {} for key in fronts}  # problems solved in earlier rounds, per table
 
     def table(relaxed: bool, limit: float) -> SegmentTable:
         tables = [segment_table(v, int(stages), bucket, backend, in_flight, max_bytes, relaxed, limit,
-                                fronts[(i, relaxed)], len(variants) == 1) for i, v in enumerate(variants)]
+                                fronts[(i, relaxed)], len(variants) == 1, known[(i, relaxed)])
+                  for i, v in enumerate(variants)]
         if len(tables) == 1:
             return tables[0]
         width = max(t.width for t in tables)  # bands of the variants, padded to one width, then the least

@@ -305,10 +305,11 @@ def best_interleaved(model: Any, p: int, chunks: int, top: int, score: str, buck
     if one_body_kind(model) and score != "simulated":
         planner = tuple_planner(model, p, chunks, table, fronts, fastest)
         latest: dict = {}
+        known: dict = {}  # problems solved in earlier rounds
 
         def make(limit: float) -> SegmentTable:
             plan = planner(limit)
-            T, choice = plan.fill(solve_problems(plan.problems, fronts, backend, max_bytes, plan.verdicts))
+            T, choice = plan.fill(solve_problems(plan.problems, fronts, backend, max_bytes, plan.verdicts, known))
             latest.clear()
             latest.update(choice)
             return T

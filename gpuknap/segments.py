@@ -200,7 +200,8 @@ def _cut_rooms(rooms: np.ndarray, prefix: np.ndarray, limit: float) -> np.ndarra
 
 def segment_table(model: Any, stages: int, bucket: float, backend: Any,
                   in_flight: Any = None, max_bytes: int | None = None, relaxed: bool = False,
-                  limit: float = math.inf, fronts: FrontTable | None = None, cover: bool = True) -> SegmentTable:
+                  limit: float = math.inf, fronts: FrontTable | None = None, cover: bool = True,
+                  known: dict | None = None) -> SegmentTable:
     """Least time of stage s on layers ``start:end`` for every segment of a split.
 
     Every candidate segment (within its stage's span bound) is classified with
@@ -215,12 +216,13 @@ def segment_table(model: Any, stages: int, bucket: float, backend: Any,
     FrontTable of the model's fronts at this bucket (and ``relaxed``) to reuse.
     ``cover=False`` skips the all-infeasible shortcut: for a table that is one of
     several a search takes the least of (exclusive options), where other tables
-    may hold the segments this one cannot.
+    may hold the segments this one cannot.  ``known``: times of problems solved
+    before with the same ``fronts`` (see :func:`gpuknap.ranking.solve_problems`).
     """
     if fronts is None:
         fronts = FrontTable(model.fronts, bucket, relaxed)  # relaxed: lower bounds on exact-bytes times
     plan = plan_segments(model, stages, fronts, in_flight, limit, cover)
-    return plan.fill(solve_problems(plan.problems, fronts, backend, max_bytes, plan.verdicts))
+    return plan.fill(solve_problems(plan.problems, fronts, backend, max_bytes, plan.verdicts, known))
 
 
 class SegmentPlan:

@@ -193,29 +193,10 @@ def _joint(jobs: list, bucket: float, backend: Any, max_bytes: int | None) -> No
                     verdicts.append(how)
                 local[i] = at
             where.append(local)
-        values = {fid: _solve_new(problems, verdicts, known[fid], tables[fid], backend, max_bytes)
+        values = {fid: solve_problems(problems, tables[fid], backend, max_bytes, verdicts, known[fid])
                   for fid, (_, problems, verdicts) in batches.items()}
         active = [job for job, local in zip(active, where) if not job.step(values[job.fid][local])]
         report("configurations", len(jobs) - len(active), len(jobs))
-
-
-def _solve_new(problems: list, verdicts: list, known: dict, table: FrontTable, backend: Any,
-               max_bytes: int | None) -> np.ndarray:
-    """Least times of ``problems``: those in ``known`` from there, the others solved in
-    one engine call (and added to ``known``)."""
-    values = np.full(len(problems), np.inf)
-    new = []
-    for i, q in enumerate(problems):
-        t = known.get(q)
-        if t is None:
-            new.append(i)
-        else:
-            values[i] = t
-    if new:
-        solved = solve_problems([problems[i] for i in new], table, backend, max_bytes, [verdicts[i] for i in new])
-        values[new] = solved
-        known.update(zip((problems[i] for i in new), solved.tolist()))
-    return values
 
 
 def _source(source: Any, capacity: Any, reserved: Any, seq: Any, bucket: Any) -> tuple:
