@@ -85,21 +85,23 @@ class Ranking:
 
 def solve_problems(problems: Sequence[StageProblem], table: FrontTable, backend: str | None,
                    max_bytes: int | None, verdicts: Sequence[Any] | None = None,
-                   known: dict | None = None) -> np.ndarray:
+                   known: "Solved | None" = None) -> np.ndarray:
     """Least time of every distinct stage problem (``inf`` where none fits);
     ``verdicts`` are the problems' verdicts when the caller has them already.
-    ``known``: times of problems solved before (with this table), taken from
-    there; the problems solved now are added to it (the rounds of a search)."""
+    ``known``: a :class:`Solved` of the problems solved before with this table,
+    whose times are taken from there; the problems solved now are added to it
+    (the rounds of a search)."""
     values = np.full(len(problems), np.inf)
     knapsacks = []
     new = []
+    times = known.times() if known else None
     for ident, problem in enumerate(problems):
-        if known is not None:
-            t = known.get(problem)
+        if times is not None:
+            t = times.get(problem)
             if t is not None:
                 values[ident] = t
                 continue
-            new.append(ident)
+        new.append(ident)
         how = verdict(problem, table) if verdicts is None else verdicts[ident]
         if how.kind == FASTEST:
             values[ident] = how.time
@@ -110,8 +112,34 @@ def solve_problems(problems: Sequence[StageProblem], table: FrontTable, backend:
         idents = [k.ident for k in knapsacks]
         values[idents] = solved[idents]
     if known is not None:
-        known.update(zip((problems[i] for i in new), values[new].tolist()))
+        known.add([problems[i] for i in new] if times is not None else problems, values[new])
     return values
+
+
+class Solved:
+    """Times of stage problems solved in earlier rounds of a search, for
+    :func:`solve_problems`.  Problems are hashed only once a later round asks,
+    so a search that ends in one round pays nothing for it."""
+
+    def __init__(self) -> None:
+        self._pending: list = []
+        self._times: dict = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._pending or self._times)
+
+    def __len__(self) -> int:
+        return len(self.times())
+
+    def add(self, problems: Sequence[Any], values: np.ndarray) -> None:
+        self._pending.append((problems, values))
+
+    def times(self) -> dict:
+        """``{problem: least time}`` of every problem added."""
+        for problems, values in self._pending:
+            self._times.update(zip(problems, values.tolist()))
+        self._pending.clear()
+        return self._times
 
 
 @contextmanager

@@ -46,6 +46,7 @@ from .search_simulated import top_simulated
 from .timeline import stage_forward_backward
 from .classify import kind_index
 from .options import FrontTable
+from .ranking import Solved
 from .segments import SegmentTable, coverage, fastest_prefix, segment_table  # noqa: F401 (coverage: API)
 from .progress import report
 from .stage import Planner
@@ -249,7 +250,7 @@ def best_splits(model: PipelineModel, stages: int, top: int = 1, score: str = "s
 
     fronts = {(i, relaxed): FrontTable(v.fronts, bucket, relaxed)  # shared by every round and the plans
               for i, v in enumerate(variants) for relaxed in (False, True)}
-    known: dict = {key: {} for key in fronts}  # problems solved in earlier rounds, per table
+    known = {key: Solved() for key in fronts}  # problems solved in earlier rounds, per table
 
     def table(relaxed: bool, limit: float) -> SegmentTable:
         tables = [segment_table(v, int(stages), bucket, backend, in_flight, max_bytes, relaxed, limit,

@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from .ranking import solve_problems
+from .ranking import Solved, solve_problems
 from .segments import SegmentTable
 
 #: Most per-stage chunk tuples one table may hold.
@@ -305,7 +305,7 @@ def best_interleaved(model: Any, p: int, chunks: int, top: int, score: str, buck
     if one_body_kind(model) and score != "simulated":
         planner = tuple_planner(model, p, chunks, table, fronts, fastest)
         latest: dict = {}
-        known: dict = {}  # problems solved in earlier rounds
+        known = Solved()  # problems solved in earlier rounds
 
         def make(limit: float) -> SegmentTable:
             plan = planner(limit)

@@ -201,7 +201,7 @@ def _cut_rooms(rooms: np.ndarray, prefix: np.ndarray, limit: float) -> np.ndarra
 def segment_table(model: Any, stages: int, bucket: float, backend: Any,
                   in_flight: Any = None, max_bytes: int | None = None, relaxed: bool = False,
                   limit: float = math.inf, fronts: FrontTable | None = None, cover: bool = True,
-                  known: dict | None = None) -> SegmentTable:
+                  known: Any = None) -> SegmentTable:
     """Least time of stage s on layers ``start:end`` for every segment of a split.
 
     Every candidate segment (within its stage's span bound) is classified with
@@ -217,7 +217,7 @@ def segment_table(model: Any, stages: int, bucket: float, backend: Any,
     ``cover=False`` skips the all-infeasible shortcut: for a table that is one of
     several a search takes the least of (exclusive options), where other tables
     may hold the segments this one cannot.  ``known``: times of problems solved
-    before with the same ``fronts`` (see :func:`gpuknap.ranking.solve_problems`).
+    before with the same ``fronts`` (a :class:`gpuknap.ranking.Solved`).
     """
     if fronts is None:
         fronts = FrontTable(model.fronts, bucket, relaxed)  # relaxed: lower bounds on exact-bytes times

@@ -30,7 +30,7 @@ from .classify import kind_index
 from .limits import MAX_TOP
 from .options import MEGABYTE, FrontTable, check_int
 from .progress import report
-from .ranking import solve_problems
+from .ranking import Solved, solve_problems
 from .results import PipelineChoice
 from .search import certified_rounds
 from .search_interleaved import best_interleaved, counts_of, one_body_kind, tuple_planner
@@ -176,7 +176,7 @@ def _joint(jobs: list, bucket: float, backend: Any, max_bytes: int | None) -> No
     for job in jobs:
         job.fid = ids.setdefault(_fingerprint(job.model.fronts), len(ids))
         tables.setdefault(job.fid, job.fronts)
-    known: dict[int, dict] = {fid: {} for fid in tables}  # fid -> {problem: least time}
+    known = {fid: Solved() for fid in tables}  # per fid, the problems of earlier rounds
     active = list(jobs)
     while active:
         batches: dict[int, tuple] = {}  # fid -> (problem index, problems, verdicts)

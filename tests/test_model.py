@@ -384,7 +384,7 @@ def test_problems_solved_in_an_earlier_round_are_taken_from_known():
     """solve_problems(..., known=): problems in ``known`` are not solved again (a planted
     value comes back), the others are solved as without it and added to it."""
     from gpuknap.options import FrontTable
-    from gpuknap.ranking import solve_problems
+    from gpuknap.ranking import Solved, solve_problems
     from gpuknap.segments import plan_segments
 
     rng = random.Random(5)
@@ -393,12 +393,12 @@ def test_problems_solved_in_an_earlier_round_are_taken_from_known():
     plan = plan_segments(model, 3, fronts)
     assert len(plan.problems) > 10
     want = solve_problems(plan.problems, fronts, "numpy", None, plan.verdicts)
-    known: dict = {}
+    known = Solved()
     half = len(plan.problems) // 2
     first = solve_problems(plan.problems[:half], fronts, "numpy", None, plan.verdicts[:half], known)
     assert len(known) == half and np.array_equal(first, want[:half])
     planted = plan.problems[0]
-    known[planted] = -1.0
+    known.times()[planted] = -1.0
     again = solve_problems(plan.problems, fronts, "numpy", None, plan.verdicts, known)
     assert again[0] == -1.0 and np.array_equal(again[1:], want[1:])
     assert len(known) == len(plan.problems)
