@@ -89,15 +89,19 @@ class TuplePlan:
 
 
 def plan_tuples(model: Any, p: int, chunks: int, table: list, fronts: Any, limit: float, fastest: np.ndarray,
-                most: int) -> TuplePlan:
+                most: int, memo: dict | None = None) -> TuplePlan:
     """Every stage's chunk tuples (each chunk at least one layer, at most ``most`` layers
-    in all) whose layers' fastest options fit ``limit``, as distinct stage problems."""
+    in all) whose layers' fastest options fit ``limit``, as distinct stage problems.
+    ``memo``: problems and verdicts of earlier calls of the same search (its rounds)."""
     from .problem import verdict
 
     n, last = model.layers, chunks * p - 1
     top = max(min(most, n - chunks * (p - 1)), chunks)
     pruned = False
-    pieces: dict = {}
+    memo = {} if memo is None else memo
+    pieces = memo.setdefault("pieces", {})
+    made = memo.setdefault("problems", {})  # (s, counts) -> problem
+    judged = memo.setdefault("verdicts", {})  # problem -> verdict
     keys, ids = [], []
     index: dict = {}
     problems = []
@@ -114,7 +118,9 @@ def plan_tuples(model: Any, p: int, chunks: int, table: list, fronts: Any, limit
             if low > limit + 1e-9 * (abs(limit) + fastest[-1]):
                 pruned = True
                 continue
-            problem = _problem(model, s, p, chunks, counts, table, pieces)
+            problem = made.get((s, counts))
+            if problem is None:
+                problem = made[(s, counts)] = _problem(model, s, p, chunks, counts, table, pieces)
             keys.append((s, total, counts))
             ids.append(index.setdefault(problem, len(index)))
             if len(index) > len(problems):
@@ -122,7 +128,13 @@ def plan_tuples(model: Any, p: int, chunks: int, table: list, fronts: Any, limit
             if len(keys) > MAX_TUPLES:
                 raise ValueError(f"an interleaved search of {p} stages x {chunks} chunks over {n} layers needs over "
                                  f"{MAX_TUPLES:,} stage arrangements; use fewer chunks or more stages")
-    return TuplePlan(p, n, max(top, 1), keys, ids, problems, [verdict(q, fronts) for q in problems], pruned)
+    verdicts = []
+    for q in problems:
+        how = judged.get(q)
+        if how is None:
+            how = judged[q] = verdict(q, fronts)
+        verdicts.append(how)
+    return TuplePlan(p, n, max(top, 1), keys, ids, problems, verdicts, pruned)
 
 
 def body_time(model: Any, fastest: np.ndarray) -> float:
@@ -167,7 +179,9 @@ def tuple_cap(most: int, body: float, limit: float) -> int:
 def tuple_planner(model: Any, p: int, chunks: int, table: list, fronts: Any, fastest: np.ndarray) -> Any:
     """``plan(limit) -> TuplePlan`` for one interleaved search (the layer cap set per limit)."""
     most, body = most_layers(model, fronts, table), body_time(model, fastest)
-    return lambda limit: plan_tuples(model, p, chunks, table, fronts, limit, fastest, tuple_cap(most, body, limit))
+    memo: dict = {}  # shared by the search's rounds
+    return lambda limit: plan_tuples(model, p, chunks, table, fronts, limit, fastest, tuple_cap(most, body, limit),
+                                     memo)
 
 
 def counts_of(totals: tuple, choice: dict, p: int, chunks: int) -> tuple:
