@@ -6,6 +6,9 @@ configuration); the script checks that they are identical and prints the times.
 The loop is what a driver would write without the sweep: per configuration,
 best_splits, then the split's simulated schedule time.
 
+The last two columns are one more run of each side: the seconds spent in the DP
+passes (results back on the host) and their share of that run.
+
 --cells counts DP cells (rows x buckets over every pass) instead of timing: those
 of the loop, of the sweep, and of the union of every stage problem either one
 solves (all configurations and rounds in one batch, each distinct problem once,
@@ -62,6 +65,29 @@ def rows_of(result) -> dict:
         if r["feasible"]:
             entry.append((r["counts"], r["score"], r["iteration_time"]))
     return out
+
+
+def passes_share(run) -> str:
+    """One more run of ``run()``: the seconds its DP passes took (the engine's
+    ``run_chunk``, results back on the host) and their share of the whole."""
+    import gpuknap.engine as engine
+
+    spent = [0.0]
+    real = engine.run_chunk
+
+    def timing(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return real(*args, **kwargs)
+        finally:
+            spent[0] += time.perf_counter() - t0
+
+    engine.run_chunk = timing
+    try:
+        total, _ = timed(run, 1)
+    finally:
+        engine.run_chunk = real
+    return f"{spent[0]:.2f} s ({spent[0] / total:.0%})"
 
 
 def dp_cells(run) -> tuple[int, list]:
@@ -127,8 +153,9 @@ def main() -> None:
         for bucket in (16 * MEGABYTE, MEGABYTE):
             cells_report(bucket)
         return
-    print("| bucket | backend | configurations | feasible | sweep (s) | loop of best_splits (s) | loop / sweep | identical |")
-    print("|---|---|---:|---:|---:|---:|---:|:---:|")
+    print("| bucket | backend | configurations | feasible | sweep (s) | loop of best_splits (s) | loop / sweep | identical "
+          "| passes: sweep | passes: loop |")
+    print("|---|---|---:|---:|---:|---:|---:|:---:|---:|---:|")
     for bucket in (16 * MEGABYTE, MEGABYTE):
         for backend in args.backends.split(","):
             ts, result = timed(lambda: sweep(LLAMA, GRID, gpus=GPUS, global_batch=BATCH, backend=backend,
@@ -136,8 +163,11 @@ def main() -> None:
             tl, ref = timed(lambda: loop(bucket, backend))
             same = rows_of(result) == ref
             feasible = sum(1 for r in result.rows if r["feasible"])
+            ps = passes_share(lambda: sweep(LLAMA, GRID, gpus=GPUS, global_batch=BATCH, backend=backend,
+                                            bucket=bucket))
+            pl = passes_share(lambda: loop(bucket, backend))
             print(f"| {bucket / MEGABYTE:g} MiB | {backend} | {len(ref)} | {feasible} | {ts:.2f} | {tl:.2f} "
-                  f"| {tl / ts:.2f}x | {'yes' if same else 'NO'} |", flush=True)
+                  f"| {tl / ts:.2f}x | {'yes' if same else 'NO'} | {ps} | {pl} |", flush=True)
     if args.dask_workers:
         from distributed import Client, LocalCluster
         with LocalCluster(n_workers=args.dask_workers, threads_per_worker=1, processes=True,
