@@ -94,6 +94,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                    backend=args.backend, scheduler=args.scheduler, capacity=args.capacity, seq=args.seq,
                    bucket=args.bucket, max_bytes=args.max_memory)
     feasible = result.best is not None
+    varied = [k for k in ("tensor_parallel", "data_parallel")
+              if len({r["config"][k] for r in result.rows}) > 1]
+    if varied:  # the spec and config.json models are analytic: no communication time
+        sizes = " and ".join(k.replace("_", "-") for k in varied)
+        print(f"note: the analytic model has no communication time, so configurations with larger {sizes} sizes "
+              "look faster than they are (docs/sweep.md)", file=sys.stderr)
     if args.plot:
         from .report import plot_sweep
         plot_sweep(result.rows, args.plot, f"{args.spec}: {args.gpus} GPUs, global batch {args.global_batch}")

@@ -143,8 +143,11 @@ def test_cli_json_plot_and_table(tmp_path):
                 global_batch=64, backend="numpy", bucket=16 * MIB)
     assert out["rows"] == json.loads(json.dumps(api.rows)) and out["best"] == out["rows"][0]
     assert png.stat().st_size > 10_000
-    text = cli(*args).stdout
-    assert "samples/s" in text and "P=" in text
+    run = cli(*args)
+    assert "samples/s" in run.stdout and "P=" in run.stdout
+    assert "no communication time" in run.stderr and "tensor-parallel and data-parallel" in run.stderr
+    one = cli(LLAMA, "--gpus", "32", "--global-batch", "64", "--stages", "4", "--tp", "8", "--bucket", "16MiB")
+    assert one.returncode == 0 and "communication" not in one.stderr  # nothing varies: no note
 
 
 @pytest.mark.parametrize("args, words", [
