@@ -40,7 +40,7 @@ def test_readme_example_runs(command, tmp_path):
     p = subprocess.run([sys.executable, "-m", "gpuknap", *argv], cwd=tmp_path, capture_output=True, text=True,
                        env=env, timeout=120)
     assert p.returncode in (0, 1), (command, p.stderr)
-    assert p.stderr == "", p.stderr
+    assert all(line.startswith("note: ") for line in p.stderr.splitlines()), p.stderr  # no warnings, no errors
     if p.returncode == 1:
         assert "no feasible split" in p.stdout
     for flag in ("--out", "--plot"):
