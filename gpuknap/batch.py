@@ -18,6 +18,8 @@ from .limits import format_bytes
 from .passes import Segment, option_tables
 from .options import FrontTable
 
+#: Most passes a cut at the cache target may compute again, as a share of the chunk before it.
+RECOMPUTE_SHARE = 0.25
 #: Working arrays alive during one level (previous, gathered, output, temporary).
 ARRAYS_PER_LEVEL = 4
 CELL_BYTES = 8
@@ -87,8 +89,13 @@ def too_wide(capacity: int, max_bytes: int, bucket: float) -> str:
 
 def plan_chunks(problems: Sequence[Knapsack], max_bytes: int, bucket: float,
                 target: int | None = None) -> list[list[tuple]]:
-    """Group problems by step sequence and cut them into chunks under ``target``
-    bytes (default ``max_bytes``; a smaller target keeps chunks cache-sized).
+    """Group problems by step sequence and cut them into chunks under ``max_bytes``
+    and, where that costs little, under ``target`` bytes (default ``max_bytes``;
+    a smaller target keeps chunks cache-sized).  A cut makes the next chunk
+    compute again the passes its first sequence shares with the one before; the
+    target cuts only where those are at most :data:`RECOMPUTE_SHARE` of the
+    chunk's own passes, so a deep chain with a branch at every level is not
+    computed once per chunk.
 
     Returns chunks of ``(runs, [(capacity, ident), ...])``.  A step sequence
     whose row alone needs more than ``target`` gets a chunk of its own; one too
@@ -106,19 +113,37 @@ def plan_chunks(problems: Sequence[Knapsack], max_bytes: int, bucket: float,
     chunks: list[list[tuple]] = []
     current: list[tuple] = []
     used = 0
+    previous: tuple = ()
+    work = 0  # the current chunk's passes, in steps x row bytes
     for runs in ordered:
         reads = by_runs[runs]
         need = row_bytes(max(c for c, _ in reads))
         if need > max_bytes:
             raise ValueError(too_wide(need // row_bytes(0) - 1, max_bytes, bucket))
-        if current and used + need > target:
+        shared = _shared_steps(runs, previous)  # passes a cut here would compute again
+        if current and (used + need > max_bytes
+                        or (used + need > target and shared * need <= RECOMPUTE_SHARE * work)):
             chunks.append(current)
-            current, used = [], 0
+            current, used, work, shared = [], 0, 0, 0
+        previous = runs
         current.append((runs, reads))
         used += need
+        work += (sum(n for _, n in runs) - shared) * need
     if current:
         chunks.append(current)
     return chunks
+
+
+def _shared_steps(runs: tuple, previous: tuple) -> int:
+    """How many first steps ``runs`` and ``previous`` have in common."""
+    steps = 0
+    for (key, n), (other, m) in zip(runs, previous):
+        if key != other:
+            break
+        steps += min(n, m)
+        if n != m:
+            break
+    return steps
 
 
 def _source_row(parents: np.ndarray) -> int:

@@ -109,7 +109,8 @@ def test_chunks_are_built_with_sources_that_match_their_parents():
 def test_chunks_are_cut_to_the_target_and_only_rows_over_the_limit_are_refused():
     from gpuknap.batch import Knapsack, plan_chunks, row_bytes
 
-    problems = [Knapsack(((("a", 1), i + 1),), cap, i) for i, cap in enumerate([10, 20, 1000, 30, 40])]
+    caps = [10, 20, 1000, 30, 40]
+    problems = [Knapsack(((("k%d" % i, 1), 2),), cap, i) for i, cap in enumerate(caps)]  # no shared steps
     chunks = plan_chunks(problems, 10**6, 1.0, target=row_bytes(45))
     assert sorted(ident for chunk in chunks for _, reads in chunk for _, ident in reads) == list(range(5))
     for chunk in chunks:
@@ -118,6 +119,32 @@ def test_chunks_are_cut_to_the_target_and_only_rows_over_the_limit_are_refused()
     assert len(chunks) >= 3
     with pytest.raises(ValueError, match="bucket"):
         plan_chunks(problems, row_bytes(999), 1.0, target=row_bytes(45))
+
+
+def test_cuts_at_the_target_recompute_little_of_a_shared_chain():
+    """Prefixes of one deep chain, each with a branch, share almost every pass: cut at the
+    target alone, each chunk would compute the chain again from the start (quadratic).
+    Cuts at the target may recompute at most RECOMPUTE_SHARE of the chunk before them;
+    the hard limit still cuts wherever it must."""
+    from gpuknap.batch import RECOMPUTE_SHARE, Knapsack, build_chunk, plan_chunks, row_bytes
+    from gpuknap.options import FrontTable, LayerOption
+
+    table = FrontTable({"a": [LayerOption("x", 2.0, 1.0, 2.0)], "b": [LayerOption("z", 3.0, 0.5, 0.5)],
+                        "c": [LayerOption("w", 1.0, 0.5, 0.5)]}, 1.0)
+    chain = [Knapsack(((("a", 1), n),), 50, n) for n in range(1, 41)]
+    branch = [Knapsack(((("a", 1), n), (("b", 1), 2)), 50, 100 + n) for n in range(1, 41)]
+    apart = [Knapsack(((("c", 1), 3), (("b", 1), n)), 50, 200 + n) for n in range(1, 41)]  # one long branch
+    problems = chain + branch + apart
+    whole = plan_chunks(problems, 10**9, 1.0)
+    assert len(whole) == 1
+    whole_cells = build_chunk(whole[0], table).cells
+    cut = plan_chunks(problems, 10**9, 1.0, target=row_bytes(50) * 3)
+    assert len(cut) > 1  # cut where little is shared ...
+    assert sum(build_chunk(c, table).cells for c in cut) <= (1 + RECOMPUTE_SHARE) * whole_cells  # ... only there
+    entries = whole[0]  # what cutting every 3 rows, whatever they share, would cost:
+    assert sum(build_chunk(entries[i:i + 3], table).cells for i in range(0, len(entries), 3)) > 5 * whole_cells
+    hard = plan_chunks(chain, row_bytes(50) * 3, 1.0)
+    assert len(hard) > 1  # the limit still cuts
 
 
 def test_cache_sized_chunks_give_the_answers_of_one_chunk(monkeypatch):
