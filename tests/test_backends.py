@@ -154,7 +154,12 @@ def test_cache_sized_chunks_give_the_answers_of_one_chunk(monkeypatch):
     fr, cands = random_model_batch(rng, 80)
     whole = rank(cands, fr, 1, backend="numpy")
     monkeypatch.setattr(backend_module, "CPU_CHUNK_BYTES", 20_000)  # many small chunks
+    import gpuknap.engine as engine_module
+    chunks = []
+    real = engine_module.run_chunk
+    monkeypatch.setattr(engine_module, "run_chunk", lambda *a, **k: chunks.append(1) or real(*a, **k))
     cut = rank(cands, fr, 1, backend="numpy")
+    assert len(chunks) > 5
     assert np.array_equal(whole.slowest, cut.slowest)
     for i in range(len(cands)):
         assert cut.times(i) == whole.times(i)
