@@ -37,7 +37,7 @@ times its time).
 """
 from __future__ import annotations
 
-import itertools
+import functools
 import math
 from typing import Any
 
@@ -105,19 +105,24 @@ def plan_tuples(model: Any, p: int, chunks: int, table: list, fronts: Any, limit
     keys, ids = [], []
     index: dict = {}
     problems = []
+    if math.comb(top, chunks) > MAX_TUPLES:  # the tuples of counts >= 1 summing to at most top
+        raise ValueError(f"an interleaved search of {p} stages x {chunks} chunks over {n} layers would weigh "
+                         f"{math.comb(top, chunks):,} chunk arrangements per stage (over {MAX_TUPLES:,}); "
+                         "use fewer chunks or more stages")
+    every = _tuples(chunks, top)  # [K, chunks], lexicographic
+    totals = every.sum(axis=1)
+    slack = limit + 1e-9 * (abs(limit) + fastest[-1])
     for s in range(p):
-        for counts in itertools.product(range(1, top - chunks + 2), repeat=chunks):
-            total = sum(counts)
-            if total > top:
-                continue
-            low = 0.0
-            for c, count in enumerate(counts):
-                i = c * p + s
-                a = 0 if i == 0 else n - count if i == last else 1
-                low += float(fastest[a + count] - fastest[a])
-            if low > limit + 1e-9 * (abs(limit) + fastest[-1]):
-                pruned = True
-                continue
+        low = np.zeros(len(every))
+        for c in range(chunks):  # the layers' fastest times, added chunk by chunk as floats
+            i = c * p + s
+            count = every[:, c]
+            a = 0 if i == 0 else n - count if i == last else 1
+            low += fastest[a + count] - fastest[a]
+        fits = low <= slack
+        pruned = pruned or not bool(fits.all())
+        for row, total in zip(every[fits].tolist(), totals[fits].tolist()):
+            counts = tuple(row)
             problem = made.get((s, counts))
             if problem is None:
                 problem = made[(s, counts)] = _problem(model, s, p, chunks, counts, table, pieces)
@@ -125,9 +130,9 @@ def plan_tuples(model: Any, p: int, chunks: int, table: list, fronts: Any, limit
             ids.append(index.setdefault(problem, len(index)))
             if len(index) > len(problems):
                 problems.append(problem)
-            if len(keys) > MAX_TUPLES:
-                raise ValueError(f"an interleaved search of {p} stages x {chunks} chunks over {n} layers needs over "
-                                 f"{MAX_TUPLES:,} stage arrangements; use fewer chunks or more stages")
+        if len(keys) > MAX_TUPLES:
+            raise ValueError(f"an interleaved search of {p} stages x {chunks} chunks over {n} layers needs over "
+                             f"{MAX_TUPLES:,} stage arrangements; use fewer chunks or more stages")
     verdicts = []
     for q in problems:
         how = judged.get(q)
@@ -135,6 +140,23 @@ def plan_tuples(model: Any, p: int, chunks: int, table: list, fronts: Any, limit
             how = judged[q] = verdict(q, fronts)
         verdicts.append(how)
     return TuplePlan(p, n, max(top, 1), keys, ids, problems, verdicts, pruned)
+
+
+@functools.lru_cache(maxsize=64)
+def _tuples(chunks: int, top: int) -> np.ndarray:
+    """Every tuple of ``chunks`` counts of at least 1 summing to at most ``top``, in
+    lexicographic order (read-only: shared by every search)."""
+    out = np.zeros((1, 0), dtype=np.int64)
+    for c in range(chunks):  # extend every prefix by each count that leaves room for the chunks after it
+        used = out.sum(axis=1)
+        room = top - used - (chunks - c - 1)
+        reps = np.maximum(room, 0)
+        prefix = np.repeat(out, reps, axis=0)
+        start = np.repeat(np.cumsum(reps) - reps, reps)
+        nxt = np.arange(int(reps.sum())) - start + 1
+        out = np.concatenate([prefix, nxt[:, None]], axis=1)
+    out.setflags(write=False)
+    return out
 
 
 def body_time(model: Any, fastest: np.ndarray) -> float:

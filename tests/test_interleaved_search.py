@@ -124,6 +124,80 @@ def test_interleaved_refuses_what_it_does_not_do():
         best_splits(model, 4, interleave=3)
 
 
+def plan_by_loops(model, p, chunks, table, limit, fastest, most):
+    """The reference of plan_tuples: every tuple by itertools, its bound by a Python sum,
+    its problem from model.stages at real positions (canonical, as the solvers see it)."""
+    import itertools
+
+    from gpuknap.problem import canonical
+
+    n, last = model.layers, chunks * p - 1
+    top = max(min(most, n - chunks * (p - 1)), chunks)
+    keys, posed, pruned = [], {}, False
+    for s in range(p):
+        for counts in itertools.product(range(1, top - chunks + 2), repeat=chunks):
+            if sum(counts) > top:
+                continue
+            low = 0.0
+            for c, count in enumerate(counts):
+                i = c * p + s
+                a = 0 if i == 0 else n - count if i == last else 1
+                low += float(fastest[a + count] - fastest[a])
+            if low > limit + 1e-9 * (abs(limit) + fastest[-1]):
+                pruned = True
+                continue
+            keys.append((s, sum(counts), counts))
+            split = [1] * (p * chunks)  # the stage's tuple at its real positions, the rest filled around it
+            for c, count in enumerate(counts):
+                split[c * p + s] = count
+            spare = n - sum(split)
+            if spare < 0:
+                continue
+            other = next(j for j in range(p * chunks) if j % p != s) if p > 1 else None
+            if other is None and spare:
+                continue
+            if other is not None:
+                split[other] += spare
+            st = model.stages(split, None, chunks)[s]
+            posed[keys[-1]] = canonical(st.groups, st.budget)
+    return keys, posed, pruned
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_tuple_plans_equal_the_loops_they_replace(seed):
+    """plan_tuples enumerates tuples and bounds them with arrays: the same tuples, pruning
+    flag and problems (the ones model.stages poses at real positions) as plain loops."""
+    from gpuknap.classify import kind_index
+    from gpuknap.options import FrontTable
+    from gpuknap.search_interleaved import plan_tuples
+    from gpuknap.segments import fastest_prefix
+
+    rng = random.Random(300 + seed)
+    p, v = rng.randint(2, 3), rng.randint(2, 3)
+    model = shape_model(rng, rng.randint(p * v, 16), p, tight=seed % 2 == 0)
+    if model.micro_batches % p:
+        model = PipelineModel(model.kinds, model.fronts, model.static, model.capacity, p * 2, model.reserved)
+    fronts = FrontTable(model.fronts, 1)
+    fastest = fastest_prefix(model, fronts, kind_index(model), 1)
+    table = model.in_flight_table(p, v)
+    checked = 0
+    for limit in (math.inf, float(fastest[-1]) / p, float(fastest[-1]) / (2 * p)):
+        most = rng.randint(v, model.layers)
+        plan = plan_tuples(model, p, v, table, fronts, limit, fastest, most)
+        keys, posed, pruned = plan_by_loops(model, p, v, table, limit, fastest, most)
+        assert plan.pruned == pruned and plan.keys == keys
+        problems = {key: plan.problems[i] for key, i in zip(plan.keys, plan.ids)}
+        assert all(problems[key] == problem for key, problem in posed.items())
+        checked += len(posed)
+    assert checked
+
+
+def test_a_search_over_too_many_chunk_arrangements_is_refused_at_once():
+    model = PipelineModel(["a"] * 300, {"a": [LayerOption("x", 1, 1.0, 1.0)]}, {"a": 0}, 10**6, 2)
+    with pytest.raises(ValueError, match="chunk arrangements per stage"):
+        best_splits(model, 2, 1, "1f1b", 1, backend="numpy", interleave=4)
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_exact_interleaved_search_certified_on_a_pruned_table(seed, monkeypatch):
     """Roomy devices: the first limit leaves tuples out and still certifies the answer."""
