@@ -143,8 +143,11 @@ def test_cuts_at_the_target_recompute_little_of_a_shared_chain():
     assert sum(build_chunk(c, table).cells for c in cut) <= (1 + RECOMPUTE_SHARE) * whole_cells  # ... only there
     entries = whole[0]  # what cutting every 3 rows, whatever they share, would cost:
     assert sum(build_chunk(entries[i:i + 3], table).cells for i in range(0, len(entries), 3)) > 5 * whole_cells
-    hard = plan_chunks(chain, row_bytes(50) * 3, 1.0)
-    assert len(hard) > 1  # the limit still cuts
+    loose = [Knapsack(((("k%d" % i, 1), 2),), 50, 300 + i) for i in range(5)]  # nothing shared
+    hard = plan_chunks(loose, row_bytes(50) * 3, 1.0)
+    assert len(hard) > 1  # the limit still cuts ...
+    assert len(plan_chunks(chain, row_bytes(50) * 3, 1.0)) == 1  # ... but a chain is one row per level
+    assert max(lv.rows for lv in build_chunk(plan_chunks(chain, row_bytes(50) * 3, 1.0)[0], table).levels) == 1
 
 
 def test_cache_sized_chunks_give_the_answers_of_one_chunk(monkeypatch):

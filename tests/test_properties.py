@@ -158,6 +158,42 @@ def test_memory_stays_under_max_bytes_and_answers_are_unchanged():
     assert np.array_equal(got.slowest, want.slowest)
 
 
+def test_a_deep_chain_runs_in_one_chunk_and_stays_under_max_bytes():
+    """Prefixes of one chain are one DP row per level: a limit of a few rows holds the
+    whole chain in one chunk (no pass computed twice), and the traced peak stays under it."""
+    import gpuknap.engine as engine
+    from gpuknap.backend import get_backend
+    from gpuknap.batch import Knapsack, row_bytes
+    from gpuknap.options import FrontTable
+
+    fr = {"L": [LayerOption(f"o{i}", 10 + 7 * i, 9.0 - i, 1.0) for i in range(4)]}
+    table = FrontTable(fr, 1)
+    width = 20_000
+    problems = [Knapsack(((("L", 1), n),), width, n) for n in range(1, 61)]
+    max_bytes = 4 * row_bytes(width)  # 60 rows if each prefix were a row of its own
+    chunks = []
+    real = engine.run_chunk
+
+    def counting(*args, **kwargs):
+        chunks.append(1)
+        return real(*args, **kwargs)
+
+    engine.run_chunk = counting
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        got = engine.solve_knapsacks(problems, table, get_backend("numpy"), max_bytes, 61)
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+        engine.run_chunk = real
+    assert len(chunks) == 1
+    assert peak <= max_bytes, f"peak {peak} over max_bytes {max_bytes}"
+    for n in (1, 7, 60):  # against the single-stage solver
+        assert got[n] == choose([Layers("L", n)], fr, width, 1).time
+
+
 def test_same_input_same_output_order_and_plans():
     model = load_spec(os.path.join(EXAMPLES, "demo.json")).model
     a = best_splits(model, 16, 5, "1f1b", backend="numpy")
