@@ -113,7 +113,7 @@ def plan_chunks(problems: Sequence[Knapsack], max_bytes: int, bucket: float,
     chunks: list[list[tuple]] = []
     current: list[tuple] = []
     used = 0
-    previous: tuple = ()
+    previous, depth = (), 0  # the sequence before, and its steps
     work = 0  # the current chunk's passes, in steps x row bytes
     held = group = 0  # its working memory, counting a chain of sequences as one row; that row's bytes
     for runs in ordered:
@@ -123,31 +123,22 @@ def plan_chunks(problems: Sequence[Knapsack], max_bytes: int, bucket: float,
             raise ValueError(too_wide(need // row_bytes(0) - 1, max_bytes, bucket))
         # A sequence that extends the previous one lies on its trie path: one row per level
         # for the whole chain, so against the limit it adds only what it widens that row by.
-        chained = bool(current) and _extends(runs, previous)
-        grows = max(need - group, 0) if chained else need
         shared = _shared_steps(runs, previous)  # passes a cut here would compute again
+        chained = bool(current) and shared == depth  # it extends the previous sequence
+        grows = max(need - group, 0) if chained else need
         if current and (held + grows > max_bytes
                         or (used + need > target and shared * need <= RECOMPUTE_SHARE * work)):
             chunks.append(current)
             current, used, work, shared, held, chained, grows = [], 0, 0, 0, 0, False, need
         group = max(group, need) if chained else need
-        previous = runs
+        previous, depth = runs, sum(n for _, n in runs)
         current.append((runs, reads))
         used += need
         held += grows
-        work += (sum(n for _, n in runs) - shared) * need
+        work += (depth - shared) * need
     if current:
         chunks.append(current)
     return chunks
-
-
-def _extends(runs: tuple, previous: tuple) -> bool:
-    """Whether the steps of ``runs`` begin with all the steps of ``previous``."""
-    k = len(previous)
-    if k == 0 or len(runs) < k or runs[:k - 1] != previous[:k - 1]:
-        return False
-    (key, n), (last_key, last_n) = runs[k - 1], previous[k - 1]
-    return key == last_key and n >= last_n
 
 
 def _shared_steps(runs: tuple, previous: tuple) -> int:

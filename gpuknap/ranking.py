@@ -112,7 +112,7 @@ def solve_problems(problems: Sequence[StageProblem], table: FrontTable, backend:
         idents = [k.ident for k in knapsacks]
         values[idents] = solved[idents]
     if known is not None:
-        known.add([problems[i] for i in new] if times is not None else problems, values[new])
+        known.add([problems[i] for i in new], values[new])
     return values
 
 
