@@ -88,8 +88,18 @@ class TuplePlan:
         return SegmentTable(band, self.pruned), choice
 
 
+class TupleMemo:
+    """What the rounds of one interleaved search share: each chunk's kind groups by
+    (position, count), each stage tuple's problem, each problem's verdict."""
+
+    def __init__(self) -> None:
+        self.pieces: dict = {}
+        self.problems: dict = {}  # (s, counts) -> problem
+        self.verdicts: dict = {}  # problem -> verdict
+
+
 def plan_tuples(model: Any, p: int, chunks: int, table: list, fronts: Any, limit: float, fastest: np.ndarray,
-                most: int, memo: dict | None = None) -> TuplePlan:
+                most: int, memo: TupleMemo | None = None) -> TuplePlan:
     """Every stage's chunk tuples (each chunk at least one layer, at most ``most`` layers
     in all) whose layers' fastest options fit ``limit``, as distinct stage problems.
     ``memo``: problems and verdicts of earlier calls of the same search (its rounds)."""
@@ -98,10 +108,8 @@ def plan_tuples(model: Any, p: int, chunks: int, table: list, fronts: Any, limit
     n, last = model.layers, chunks * p - 1
     top = max(min(most, n - chunks * (p - 1)), chunks)
     pruned = False
-    memo = {} if memo is None else memo
-    pieces = memo.setdefault("pieces", {})
-    made = memo.setdefault("problems", {})  # (s, counts) -> problem
-    judged = memo.setdefault("verdicts", {})  # problem -> verdict
+    memo = TupleMemo() if memo is None else memo
+    pieces, made, judged = memo.pieces, memo.problems, memo.verdicts
     keys, ids = [], []
     index: dict = {}
     problems = []
@@ -201,7 +209,7 @@ def tuple_cap(most: int, body: float, limit: float) -> int:
 def tuple_planner(model: Any, p: int, chunks: int, table: list, fronts: Any, fastest: np.ndarray) -> Any:
     """``plan(limit) -> TuplePlan`` for one interleaved search (the layer cap set per limit)."""
     most, body = most_layers(model, fronts, table), body_time(model, fastest)
-    memo: dict = {}  # shared by the search's rounds
+    memo = TupleMemo()  # shared by the search's rounds
     return lambda limit: plan_tuples(model, p, chunks, table, fronts, limit, fastest, tuple_cap(most, body, limit),
                                      memo)
 
