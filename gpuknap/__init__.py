@@ -3,21 +3,43 @@
 Every stage of every candidate split is a multiple-choice knapsack over its
 layers' recompute options; gpuknap packs many candidates into one batch and
 solves all stages with min-plus passes on NumPy or CuPy.
+
+The package follows the data flow, one subpackage per concern, each
+importing only the ones below it (docs/architecture.md):
+``engine`` (stage problems, batched DP, backends) and ``schedule`` (pipeline
+schedules simulated) at the bottom, then ``search`` (the pipeline model and
+the exact whole-model search), ``costs`` (analytic layer options),
+``formats`` (every file read or written), ``sweep`` (grids of
+configurations) and ``cli`` (the command line).  The public API is here.
 """
-from .backend import BackendUnavailable, cupy_available, get_backend
-from .limits import WorkTooLarge, work_limit
-from .options import MEGABYTE, LayerOption, Layers
-from .model import PipelineModel
-from .ranking import Ranking, rank
-from .search import best_splits
-from .results import Assignment, PipelineChoice, Stage, StageChoice
-from .stage import choose, least_times, pp_lite, suffix_times
+from ._version import __version__
+from .engine import (
+                     MEGABYTE,
+                     Assignment,
+                     BackendUnavailable,
+                     LayerOption,
+                     Layers,
+                     PipelineChoice,
+                     Ranking,
+                     Stage,
+                     StageChoice,
+                     WorkTooLarge,
+                     choose,
+                     cupy_available,
+                     get_backend,
+                     least_times,
+                     pp_lite,
+                     rank,
+                     suffix_times,
+                     work_limit,
+)
+from .formats import Spec, load_spec
+from .search import PipelineModel, best_splits
 from .sweep import Sweep, sweep
 
 __all__ = [
     "MEGABYTE", "LayerOption", "Layers", "Assignment", "StageChoice", "Stage", "PipelineChoice",
     "choose", "least_times", "suffix_times", "pp_lite", "rank", "Ranking",
-    "PipelineModel", "best_splits", "sweep", "Sweep",
-    "get_backend", "cupy_available", "BackendUnavailable", "work_limit", "WorkTooLarge",
+    "PipelineModel", "best_splits", "sweep", "Sweep", "load_spec", "Spec",
+    "get_backend", "cupy_available", "BackendUnavailable", "work_limit", "WorkTooLarge", "__version__",
 ]
-__version__ = "0.1.0"

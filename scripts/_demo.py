@@ -9,9 +9,8 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from gpuknap.engine import INFEASIBLE, MEGABYTE, FrontTable, canonical, verdict  # noqa: E402  # noqa: E402
 from gpuknap.formats import sapp_ppb  # noqa: E402
-from gpuknap.problem import canonical, verdict, INFEASIBLE  # noqa: E402
-from gpuknap.options import FrontTable, MEGABYTE  # noqa: E402
 
 DEMO = os.path.join(ROOT, "..", "shared", "cases", "sapp_ppb_demo.json")
 if not os.path.exists(DEMO):

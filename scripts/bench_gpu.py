@@ -19,10 +19,15 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from gpuknap import LayerOption  # noqa: E402
-from gpuknap.backend import NUMPY, Backend, cupy_available, get_backend  # noqa: E402
-from gpuknap.batch import Knapsack, build_chunk, plan_chunks  # noqa: E402
-from gpuknap.engine import run_chunk  # noqa: E402
-from gpuknap.options import FrontTable  # noqa: E402
+from gpuknap.engine import (
+    Backend,
+    FrontTable,  # noqa: E402
+    cupy_available,
+    get_backend,
+)
+from gpuknap.engine._backend import NUMPY  # noqa: E402
+from gpuknap.engine._batch import Knapsack, build_chunk, plan_chunks  # noqa: E402
+from gpuknap.engine._solve import run_chunk  # noqa: E402
 
 H200_BANDWIDTH = 4.8e12
 BYTES_PER_CELL = 16

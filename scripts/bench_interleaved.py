@@ -20,8 +20,8 @@ sys.path.insert(0, HERE)
 from bench_model import timed  # noqa: E402
 
 from gpuknap import best_splits  # noqa: E402
-from gpuknap.spec import load_spec  # noqa: E402
-from gpuknap.timeline import simulated_times  # noqa: E402
+from gpuknap.formats import load_spec  # noqa: E402
+from gpuknap.schedule import simulated_times  # noqa: E402
 
 SAPP = os.path.join(os.path.dirname(HERE), "gpuknap", "examples", "sapp_ppb_demo.json")
 

@@ -10,8 +10,8 @@ import platform
 import time
 
 import numpy as np
-
 from _demo import MICRO_BATCHES, STAGES, demo_model, random_splits
+
 from gpuknap import MEGABYTE, best_splits
 
 

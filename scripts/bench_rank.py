@@ -11,8 +11,8 @@ import sys
 import time
 
 import numpy as np
-
 from _demo import MICRO_BATCHES, STAGES, demo_model, random_splits
+
 from gpuknap import pp_lite, rank
 
 

@@ -31,10 +31,14 @@ def timed(fn, repeat):
 def worker() -> dict:
     """All measurements with whichever gpuknap is first on sys.path."""
     import numpy as np
-    from gpuknap import best_splits, rank
-    from gpuknap.spec import load_spec
-    from _scale import CASES, scale_model
     from _demo import demo_model, random_splits
+    from _scale import CASES, scale_model
+
+    from gpuknap import best_splits, rank
+    try:
+        from gpuknap import load_spec
+    except ImportError:  # a baseline revision from before the package layout
+        from gpuknap.spec import load_spec
 
     out: dict = {"rows": [], "top": {}, "rank": None}
     for layers, options, stages, capacity in CASES:
@@ -61,8 +65,8 @@ def worker() -> dict:
 
 
 def highs(cases) -> list:
-    from bench_model import milp_slowest
     from _scale import scale_model
+    from bench_model import milp_slowest
 
     out = []
     for layers, options, stages, capacity in cases:
@@ -74,8 +78,9 @@ def highs(cases) -> list:
 
 
 def infeasible_ms() -> list:
-    from gpuknap import best_splits
     from _scale import CASES, scale_model
+
+    from gpuknap import best_splits
 
     out = []
     for layers, options, stages, capacity in CASES:
@@ -104,8 +109,9 @@ def fmt(cell) -> str:
 def backend_rows(backends: list[str], rows: int) -> None:
     """The first ``rows`` models of the table on each backend: time and the same optimum."""
     sys.path[:0] = [ROOT, HERE]
-    from gpuknap import best_splits
     from _scale import CASES, scale_model
+
+    from gpuknap import best_splits
 
     print("\n| L | options | P | " + " | ".join(f"{b}: slowest (s) | {b}: 1f1b (s)" for b in backends)
           + " | same answers |")

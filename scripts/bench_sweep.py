@@ -33,9 +33,11 @@ sys.path.insert(0, HERE)
 from bench_model import timed  # noqa: E402
 
 from gpuknap import MEGABYTE, best_splits, sweep  # noqa: E402
-from gpuknap.sweep import expand  # noqa: E402
-from gpuknap.sweep_source import builder_of  # noqa: E402
-from gpuknap.timeline import simulated_times  # noqa: E402
+from gpuknap.schedule import simulated_times  # noqa: E402
+from gpuknap.sweep import (
+    builder_of,  # noqa: E402
+    expand,  # noqa: E402
+)
 
 LLAMA = os.path.join(ROOT, "gpuknap", "examples", "llama2_70b.json")
 GRID = {"stages": [1, 2, 4, 8, 16], "tensor_parallel": [1, 2, 4, 8], "micro_batch_size": [1, 2, 4, 8],
@@ -70,7 +72,7 @@ def rows_of(result) -> dict:
 def passes_share(run) -> str:
     """One more run of ``run()``: the seconds its DP passes took (the engine's
     ``run_chunk``, results back on the host) and their share of the whole."""
-    import gpuknap.engine as engine
+    import gpuknap.engine._solve as engine
 
     spent = [0.0]
     real = engine.run_chunk
@@ -93,8 +95,9 @@ def passes_share(run) -> str:
 def dp_cells(run) -> tuple[int, list]:
     """DP cells the engine computes while ``run()`` runs, and every (front table,
     knapsack) it was given."""
-    import gpuknap.ranking as ranking
-    from gpuknap.batch import build_chunk, plan_chunks
+    import gpuknap.engine._solve as ranking
+
+    from gpuknap.engine._batch import build_chunk, plan_chunks
 
     seen, cells = [], [0]
     solve = ranking.solve_knapsacks
@@ -114,7 +117,7 @@ def dp_cells(run) -> tuple[int, list]:
 
 def union_cells(entries: list, build_chunk, plan_chunks) -> int:
     """Cells of one batch per distinct set of fronts holding each distinct problem once."""
-    from gpuknap.batch import Knapsack
+    from gpuknap.engine._batch import Knapsack
 
     groups: dict = {}
     for table, p in entries:
@@ -128,7 +131,7 @@ def union_cells(entries: list, build_chunk, plan_chunks) -> int:
 
 
 def cells_report(bucket: float) -> None:
-    from gpuknap.batch import build_chunk, plan_chunks
+    from gpuknap.engine._batch import build_chunk, plan_chunks
 
     sweep_cells, a = dp_cells(lambda: sweep(LLAMA, GRID, gpus=GPUS, global_batch=BATCH, backend="numpy",
                                             bucket=bucket))

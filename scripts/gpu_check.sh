@@ -8,7 +8,7 @@ out="${OUT:-.}"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 python3 -c "import cupy; print('cupy', cupy.__version__, 'devices', cupy.cuda.runtime.getDeviceCount())"
-python3 -m pytest -q -p no:cacheprovider tests/test_backends.py tests/test_rank.py 2>&1 | tee "$out/gpu_check.log"
+python3 -m pytest -q -p no:cacheprovider tests/engine/test_backends.py tests/engine/test_rank.py 2>&1 | tee "$out/gpu_check.log"
 status=${PIPESTATUS[0]}
 python3 scripts/bench_gpu.py --rows 1024 --buckets 65536 --steps 24 2>&1 | tee "$out/gpu_bench.md"
 # whole-model search (issue 10 models) on NumPy and CuPy, same answers

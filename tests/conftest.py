@@ -6,7 +6,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from gpuknap.backend import Backend, cupy_available, get_backend  # noqa: E402
+from gpuknap.engine import Backend, cupy_available, get_backend  # noqa: E402
 
 CUPY_OK, CUPY_WHY = cupy_available()
 needs_gpu = pytest.mark.skipif(not CUPY_OK, reason=f"no CuPy GPU backend here: {CUPY_WHY}")

@@ -1,11 +1,24 @@
-"""Other tools' formats, one module per tool: SAPP-PPB profiles, Hugging Face configs,
-MindFormers and Megatron settings; ``framework`` holds what the settings formats share."""
+"""Formats: every file gpuknap reads or writes, one module per tool.
+
+Owns the input documents (JSON/YAML read safely, closed mappings, quantities
+with units), gpuknap's own spec files (:mod:`.spec`, which also tells the other
+input kinds apart), SAPP-PPB profiles (:mod:`.sapp_ppb`), Hugging Face
+``config.json`` files (:mod:`.hf`, turned into models by :mod:`gpuknap.costs`),
+the settings of MindFormers (:mod:`.mindformers`) and Megatron-LM
+(:mod:`.megatron`) written from a plan and read back (:mod:`.framework` holds
+what they share), and the splits files of ``gpuknap rank`` (:mod:`.splitfiles`).
+"""
 from __future__ import annotations
 
 import os
 from typing import Any
 
-from . import framework, megatron, mindformers
+from ..search import PipelineModel
+from . import framework, hf, megatron, mindformers, sapp_ppb, splitfiles
+from ._documents import MAX_FILE_BYTES, check_keys, read_document, read_text, suggest
+from ._fields import Spec
+from ._units import parse_quantity
+from .spec import config_from, load_spec
 
 #: Training frameworks whose settings ``gpuknap best --emit`` writes and ``gpuknap rank --from`` reads.
 EMITTERS = {"mindformers": mindformers, "megatron": megatron}
@@ -18,8 +31,6 @@ RUNS = {"mindformers": frozenset(mindformers.TYPES), "megatron": frozenset(megat
 def restrict(model: Any, framework_name: str) -> Any:
     """The model with only the options ``framework_name`` can run (ValueError naming a kind left
     with none)."""
-    from ..model import PipelineModel
-
     role = dict(zip(model.kinds, framework.roles(model)))
     fronts = {}
     for kind in model.kind_order:
@@ -45,7 +56,13 @@ def emit(framework_name: str, model: Any, counts: Any, choice: Any, name: str = 
 def read_settings(path: str | os.PathLike) -> Any:
     """Settings read from a framework's file, told by its content: Megatron arguments
     (``--pipeline-model-parallel-layout``), else a MindFormers YAML or JSON configuration."""
-    from ..documents import read_text
     if "--pipeline-model-parallel-layout" in read_text(os.fspath(path)):
         return megatron.load(path)
     return mindformers.load(path)
+
+
+__all__ = [
+    "framework", "hf", "megatron", "mindformers", "sapp_ppb", "splitfiles", "MAX_FILE_BYTES", "check_keys",
+    "read_document", "read_text", "suggest", "Spec", "parse_quantity", "config_from", "load_spec",
+    "EMITTERS", "EXCLUSIVE", "RUNS", "restrict", "emit", "read_settings",
+]

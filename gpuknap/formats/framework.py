@@ -19,8 +19,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..options import Layers
-from ..results import Assignment, PipelineChoice, StageChoice
+from ..engine import Assignment, Layers, PipelineChoice, StageChoice
 
 EMBEDDING, DECODER, LOSS = "E", "t", "L"
 

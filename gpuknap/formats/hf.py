@@ -3,7 +3,7 @@ Qwen2-MoE, Qwen3-MoE, DeepSeek-V3) decoder models.
 
 A config gives the model's shape; how it is trained (sequence length,
 micro-batch size, tensor- and data-parallel sizes) comes from the caller.
-The layers then get the analytic options of :mod:`gpuknap.analytic`
+The layers then get the analytic options of :mod:`gpuknap.costs`
 (Korthikanti et al.): an embedding HEAD, ``num_hidden_layers`` decoder
 layers with a gated MLP and grouped-query attention, and an output TAIL.
 
@@ -12,20 +12,29 @@ token ids, dtype) that do not change memory or time at this level, and those
 are left alone.  A missing or malformed field, or a size the parallel sizes
 do not divide, is a ``ValueError`` naming the file and the field.  MoE
 families get dense and MoE layer kinds in model order, with the options of
-:mod:`gpuknap.moe`.
+:mod:`gpuknap.costs`.
 """
 from __future__ import annotations
 
 import os
 from typing import Any, Mapping
 
-from ..analytic import TransformerConfig, transformer_model
-from ..model import PipelineModel
-from ..moe import MoEShape, gqa_attention, mla_attention, moe_model
+from ..costs import (
+    MoEShape,
+    TransformerConfig,
+    gqa_attention,
+    mla_attention,
+    moe_model,
+    transformer_model,
+)
+from ..engine import MEGABYTE
+from ..search import PipelineModel
+from ._documents import read_document
+from ._fields import Spec, check_arguments
 
 #: ``model_type`` values read as dense decoders with a gated (SwiGLU) MLP.
 DENSE_TYPES = ("llama", "mistral", "qwen2")
-#: ``model_type`` values read as mixture-of-experts models (:mod:`gpuknap.moe`).
+#: ``model_type`` values read as mixture-of-experts models (:mod:`gpuknap.costs`).
 MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3")
 #: Fields every dense config must give.
 REQUIRED = ("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers", "vocab_size")
@@ -168,17 +177,39 @@ def model_of(data: Any, where: str, capacity: float, micro_batches: int, reserve
     return transformer_model(transformer_config(data, where, **training), capacity, micro_batches, reserved)
 
 
+def spec_of(data: Mapping, path: str, capacity: Any, micro_batches: Any, stages: Any, bucket: Any,
+            reserved: Any, training: dict) -> Spec:
+    """The :class:`Spec` of a parsed config, the keyword arguments checked already."""
+    for name, value, flag in (("capacity", capacity, "--capacity"), ("micro_batches", micro_batches,
+                                                                     "--micro-batches"),
+                              ("seq", training.get("seq"), "--seq")):
+        if value is None:
+            raise ValueError(f"{path}: a Hugging Face config needs {name} ({flag}): it describes the model, "
+                             "not the device or the training run")
+    reserved = 0.0 if reserved is None else reserved
+    if reserved >= capacity:
+        raise ValueError(f"reserved: {reserved:,.0f} bytes reserved leave nothing of the {capacity:,.0f}-byte capacity")
+    model = model_of(data, path, capacity, micro_batches, reserved, **training)
+    arch = data.get("architectures")
+    name = next((n for n in (data.get("_name_or_path"), arch[0] if isinstance(arch, list) and arch else None)
+                 if isinstance(n, str) and n), os.path.basename(path))
+    return Spec(model, stages, 1, None, MEGABYTE if bucket is None else bucket, path, name[:80])
+
+
 def load(path: str | os.PathLike, *, capacity: Any, micro_batches: int, stages: int | None = None, seq: int,
          micro_batch: int = 1, tensor_parallel: int = 1, expert_parallel: int = 1, sequence_parallel: bool = True,
-         data_parallel: int = 1, reserved: Any = None, bucket: Any = None):
-    """The :class:`gpuknap.spec.Spec` of a ``config.json`` (``.model`` is a PipelineModel).
+         data_parallel: int = 1, reserved: Any = None, bucket: Any = None) -> Spec:
+    """The :class:`gpuknap.formats.Spec` of a ``config.json`` (``.model`` is a PipelineModel).
 
     ``capacity`` (bytes or a string with a unit), ``micro_batches`` and ``seq``
     are required: a config says nothing about the device or the training run.
     """
-    from ..spec import load_spec  # the spec reader handles every input kind
-
-    return load_spec(path, capacity=capacity, micro_batches=micro_batches, stages=stages, bucket=bucket,
-                     reserved=reserved, seq=seq, micro_batch=micro_batch, tensor_parallel=tensor_parallel,
-                     expert_parallel=expert_parallel, sequence_parallel=sequence_parallel,
-                     data_parallel=data_parallel)
+    training = dict(seq=seq, micro_batch=micro_batch, tensor_parallel=tensor_parallel,
+                    expert_parallel=expert_parallel, sequence_parallel=sequence_parallel, data_parallel=data_parallel)
+    capacity, micro_batches, stages, bucket, reserved, training = check_arguments(
+        capacity, micro_batches, stages, bucket, reserved, training)
+    path = os.fspath(path)
+    data = read_document(path)
+    if not is_config(data):
+        raise ValueError(f"{path}: not a Hugging Face config (no 'model_type' or 'architectures')")
+    return spec_of(data, path, capacity, micro_batches, stages, bucket, reserved, training)

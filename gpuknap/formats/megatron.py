@@ -24,8 +24,16 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from ..documents import read_text
-from .framework import DECODER, EMBEDDING, LOSS, FrameworkPlan, evaluate, mismatches, roles
+from ._documents import read_text
+from .framework import (
+    DECODER,
+    EMBEDDING,
+    LOSS,
+    FrameworkPlan,
+    evaluate,
+    mismatches,
+    roles,
+)
 
 #: Selective modules per option name.
 MODULES = {"NONE": frozenset(), "SLCT": frozenset({"core_attn"}), "MOEACT": frozenset({"moe_act"}),

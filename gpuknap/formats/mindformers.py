@@ -25,8 +25,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from ..documents import read_document
-from ..model import MAX_LAYERS
+from ..search import MAX_LAYERS
+from ._documents import read_document
 from .framework import DECODER, EMBEDDING, LOSS, FrameworkPlan, mismatches, roles
 
 TYPES = ("NONE", "SLCT", "COMM", "BOTH", "FULL")

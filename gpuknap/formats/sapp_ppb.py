@@ -10,10 +10,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..documents import check_keys, read_document
-from ..model import MAX_LAYERS, PipelineModel
-from ..options import MAX_BYTES, MAX_TIME, MEGABYTE, LayerOption
-from ..units import parse_quantity
+from ..engine import MAX_BYTES, MAX_TIME, MEGABYTE, LayerOption
+from ..search import MAX_LAYERS, PipelineModel
+from ._documents import check_keys, read_document
+from ._units import parse_quantity
 
 #: (option, memory key, backward time key, coefficient key, default coefficient)
 RECOMPUTE = (

@@ -1,0 +1,272 @@
+"""The commands ``best``, ``rank``, ``curve`` and ``timeline`` (``sweep`` is in :mod:`._sweep`;
+the parser and the exit codes in :mod:`._main`)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from importlib import resources
+
+import numpy as np
+
+from .. import formats, schedule
+from .._version import __version__
+from ..engine import FrontTable, get_backend, least_times
+from ..formats import Spec, framework, load_spec
+from ..formats.splitfiles import read_splits, write_scores
+from ..search import best_splits, coverage
+from ._flags import EXIT_OK, counts_list
+from ._plots import plot_best, plot_curve, plot_scores, plot_timeline
+from ._report import JSON_VERSION, format_split, split_record
+
+EXIT_INFEASIBLE = 1  # nothing feasible (said in words); the other codes are in flags
+#: Rows of a splits file scored per block (bounds memory; one progress step each).
+RANK_BLOCK = 250_000
+#: Most budgets ``curve --points`` evaluates.
+MAX_POINTS = 10_000
+
+
+class BadInput(ValueError):
+    """Raised for command-line input that cannot be used."""
+
+
+def default_example() -> str:
+    """The shipped example run by ``gpuknap best`` without a SPEC."""
+    return str(resources.files("gpuknap") / "examples" / "demo.json")
+
+
+def _spec(args: argparse.Namespace, path: str | None) -> Spec:
+    return load_spec(path or default_example(), capacity=args.capacity, micro_batches=args.micro_batches,
+                     stages=getattr(args, "stages", None), bucket=args.bucket, seq=args.seq,
+                     micro_batch=args.micro_batch_size, tensor_parallel=args.tp, expert_parallel=args.ep,
+                     data_parallel=args.dp)
+
+
+def _max_bytes(args: argparse.Namespace) -> int | None:
+    return None if args.max_memory is None else int(args.max_memory)
+
+
+def _emit(args: argparse.Namespace, payload: dict, text: str) -> None:
+    if args.json:
+        json.dump(payload, sys.stdout, indent=2, allow_nan=False)
+        sys.stdout.write("\n")
+    else:
+        print(text)
+
+
+def _header(command: str, spec: Spec, backend: str) -> dict:
+    return {"gpuknap_json": JSON_VERSION, "version": __version__, "command": command, "source": spec.source,
+            "name": spec.name, "layers": spec.model.layers, "micro_batches": spec.model.micro_batches,
+            "bucket_bytes": spec.bucket, "backend": backend}
+
+
+def _stages(args: argparse.Namespace, spec: Spec) -> int:
+    if spec.stages is None:
+        raise BadInput("--stages: the number of stages is missing (give --stages or pipeline.stages in the spec)")
+    if spec.stages > spec.model.layers:
+        where = "--stages" if args.stages is not None else f"{spec.source}: pipeline.stages"
+        raise BadInput(f"{where}: {spec.stages} stages for a model of {spec.model.layers} layers; "
+                       "every stage needs at least one layer")
+    return spec.stages
+
+
+def cmd_best(args: argparse.Namespace) -> int:
+    spec = _spec(args, args.spec)
+    stages = _stages(args, spec)
+    chunks = args.interleave or spec.chunks
+    in_flight = spec.in_flight if chunks == spec.chunks else None  # another --interleave: the schedule's table
+    if chunks > 1 and args.emit in formats.EMITTERS:
+        raise BadInput(f"--emit {args.emit}: framework settings are written for plain pipelines; "
+                       "drop --interleave (or use --emit json)")
+    backend = get_backend(args.backend)
+    model = spec.model
+    if args.emit in formats.EMITTERS:  # search among the plans the framework can run
+        try:
+            model = formats.restrict(model, args.emit)
+        except ValueError as exc:
+            raise BadInput(f"--emit {args.emit}: {spec.source}: {exc}") from None
+    found = best_splits(model, stages, args.top, args.score, spec.bucket, backend, in_flight, _max_bytes(args),
+                        bound=args.bound, exclusive=formats.EXCLUSIVE.get(args.emit, ()), interleave=chunks)
+    exact = getattr(found, "exact", True)
+    records = [split_record(spec.model, f[0], f[2], args.score, f[1], in_flight, chunks,
+                            lower_bound=f[3] if args.bound else None, bucket=spec.bucket) for f in found]
+    for r, simulated in zip(records, schedule.simulated_times(spec.model, found, in_flight, chunks)):
+        r["iteration_time_simulated"] = simulated
+    payload = {**_header("best", spec, backend.name), "stages": stages, "interleave": chunks, "score": args.score,
+               "top": args.top, "exact": exact, "results": records}
+    if not exact:
+        payload["optimum_lower_bound"] = found.lower_bound
+    shape = f"{stages} stages" + (f" x {chunks} chunks" if chunks > 1 else "")
+    if not found:
+        held = coverage(spec.model, stages, spec.bucket, spec.in_flight) if chunks == 1 else spec.model.layers
+        payload["coverable_layers"] = held
+        why = ("" if held >= spec.model.layers else
+               ": not even its first layer fits on a device" if held == 0 else
+               f": even with their lightest options the {stages} stages hold at most {held:,} of its "
+               f"{spec.model.layers:,} layers")
+        _emit(args, payload, f"no feasible split of {spec.name} into {shape} fits the device memory{why}"
+              + ("" if exact else " (among the splits a local search tried)"))
+        return EXIT_INFEASIBLE
+    text = "\n\n".join(format_split(r, f"#{i + 1} of {spec.name}, {shape}") for i, r in enumerate(records))
+    if not exact:
+        text += (f"\n\nlocal search over interleaved splits (the layers are not one kind between the first and "
+                 f"the last): not proven optimal; the optimum is at least {found.lower_bound:.6g}")
+    if args.emit in formats.EMITTERS:  # the best split's settings, in place of the tables
+        try:
+            text = formats.emit(args.emit, model, found[0][0], found[0][2], spec.name, found[0][1], spec.in_flight)
+        except ValueError as exc:
+            raise BadInput(f"--emit {args.emit}: {spec.source}: {exc}") from None
+    if args.plot:
+        try:
+            solved = schedule.of_split(spec.model, found[0][0], spec.bucket, in_flight, chunks)
+        except ValueError:  # too many operations to draw: the stage chart alone
+            solved = None
+        plot_best(records, solved, args.plot, f"{spec.name}, {shape}: best split {list(found[0][0])}")
+    _emit(args, payload, text)
+    return EXIT_OK
+
+
+def cmd_rank(args: argparse.Namespace) -> int:
+    spec = _spec(args, args.spec)
+    if (args.splits is None) == (args.settings is None):
+        raise BadInput("--splits or --from: give one (a file of splits, or a framework's settings to score)")
+    if args.settings is not None:
+        if args.out or args.plot:
+            raise BadInput(f"{'--out' if args.out else '--plot'}: applies to --splits, not --from")
+        return _rank_settings(args, spec)
+    sf = read_splits(args.splits)
+    splits = sf.counts
+    width = splits.shape[1]
+    if spec.stages is not None and width != spec.stages * spec.chunks:
+        need = f"{spec.stages} stages" + (f" x {spec.chunks} chunks" if spec.chunks > 1 else "")
+        raise BadInput(f"{sf.where(0)} has {width} counts; the spec's pipeline needs {spec.stages * spec.chunks} "
+                       f"({need})")
+    if width % spec.chunks:
+        raise BadInput(f"{sf.where(0)} has {width} counts, not a multiple of pipeline.interleave={spec.chunks}")
+    try:
+        spec.model.check_splits(splits, spec.chunks, sf.where)
+    except ValueError as exc:  # row errors name the file already; shape and dtype errors do not
+        raise BadInput(str(exc) if str(exc).startswith(sf.path) else f"{sf.path}: {exc}") from None
+    backend = get_backend(args.backend)
+    slowest = np.empty(len(splits))
+    best_i, best_choice = -1, None
+    for lo in range(0, len(splits), RANK_BLOCK):
+        r = spec.model.rank(splits[lo:lo + RANK_BLOCK], spec.bucket, backend, spec.in_flight, spec.chunks,
+                            _max_bytes(args))
+        slowest[lo:lo + RANK_BLOCK] = r.slowest
+        j = int(r.order[0])
+        if np.isfinite(r.slowest[j]) and (best_i < 0 or r.slowest[j] < slowest[best_i]):
+            best_i, best_choice = lo + j, r.choice(j)
+    if args.out:
+        write_scores(args.out, splits, slowest)
+    feasible = int(np.isfinite(slowest).sum())
+    payload = {**_header("rank", spec, backend.name), "rows": len(splits), "feasible": feasible,
+               "out": args.out, "best": None}
+    if args.plot:
+        plot_scores(slowest, args.plot, f"slowest-stage time of candidate splits of {spec.name}",
+                    None if best_i < 0 else float(slowest[best_i]))
+    if best_i < 0:
+        _emit(args, payload, f"none of the {len(splits)} splits is feasible")
+        return EXIT_INFEASIBLE
+    record = split_record(spec.model, splits[best_i].tolist(), best_choice, "slowest", slowest[best_i],
+                          spec.in_flight, spec.chunks)
+    payload["best"] = {"row": best_i, **record}
+    text = (f"{len(splits)} splits scored, {feasible} feasible" + (f"; scores written to {args.out}" if args.out else "")
+            + "\n\n" + format_split(record, f"best: row {best_i}" + (f" ({sf.label(best_i)})" if sf.lines else "")))
+    _emit(args, payload, text)
+    return EXIT_OK
+
+
+def _rank_settings(args: argparse.Namespace, spec: Spec) -> int:
+    """Score a framework's settings on the model: its split with the recompute it sets."""
+    settings = formats.read_settings(args.settings)
+    try:
+        counts, names = settings.split(spec.model)
+        ev = framework.evaluate(spec.model, counts, names, spec.in_flight, settings.chunks)
+    except ValueError as exc:
+        raise BadInput(f"{args.settings}: {exc}") from None
+    record = split_record(spec.model, counts, ev.choice, "slowest", ev.slowest, spec.in_flight, settings.chunks)
+    over = [s for s, (m, b) in enumerate(zip(ev.memory, ev.budgets)) if m > b]
+    payload = {**_header("rank", spec, "numpy"), "from": args.settings, "feasible": not over,
+               "over_budget_stages": over, "best": record}
+    verdict = ("fit every stage's budget" if not over else
+               f"EXCEED the memory budget of stage(s) {', '.join(map(str, over))}")
+    _emit(args, payload, format_split(record, f"settings of {args.settings}") + f"\nthese settings {verdict}")
+    return EXIT_OK if not over else EXIT_INFEASIBLE
+
+
+def cmd_curve(args: argparse.Namespace) -> int:
+    spec = _spec(args, args.spec)
+    backend = get_backend(args.backend)
+    if args.counts:
+        counts = counts_list(args.counts)
+        try:
+            spec.model.check_counts(counts, spec.chunks)
+        except ValueError as exc:
+            raise BadInput(f"--counts: {exc}") from None
+    else:
+        stages = _stages(args, spec)
+        found = best_splits(spec.model, stages, 1, "slowest", spec.bucket, backend, spec.in_flight, _max_bytes(args))
+        if not found:
+            print(f"no feasible split of {spec.name} into {stages} stages", file=sys.stderr)
+            return EXIT_INFEASIBLE
+        counts = list(found[0][0])
+    p = len(counts) // spec.chunks
+    if spec.stages is not None and args.counts and p != spec.stages and spec.in_flight is not None:
+        raise BadInput(f"--counts: {p} stages, but the spec's in-flight table is for {spec.stages}")
+    if not args.stage < p:
+        raise BadInput(f"--stage: must be in 0..{p - 1} for a split of {p} stages, got {args.stage}")
+    stage = spec.model.stages(counts, spec.in_flight, spec.chunks)[args.stage]
+    table = FrontTable(spec.model.fronts, spec.bucket)
+    useful = [(g.count, table.get(g.kind, g.in_flight)) for g in stage.groups]
+    lightest = sum(n * float(f.memories[0]) for n, f in useful)
+    fastest = sum(n * float(f.memories[-1]) for n, f in useful)
+    within = least_times(stage.groups, spec.model.fronts, max(stage.budget, fastest), spec.bucket)
+    budgets = sorted(set(np.linspace(lightest, fastest, args.points).tolist()) | {max(stage.budget, 0.0)})
+    points = []
+    for b in budgets:
+        t = within(float(b))
+        points.append({"budget_bytes": float(b), "time": t if np.isfinite(t) else None})
+    payload = {**_header("curve", spec, "numpy"), "counts": counts, "stage": args.stage,
+               "stage_budget_bytes": stage.budget, "points": points}
+    lines = [f"stage {args.stage} of split {counts} (its budget {stage.budget / 2**20:,.1f} MiB): "
+             f"least time within each budget, from its lightest to its fastest choice",
+             f"{'budget (MiB)':>14} {'time':>12}"]
+    for pt in points:
+        shown = "infeasible" if pt["time"] is None else f"{pt['time']:.6g}"
+        mark = "  <- the stage's budget" if pt["budget_bytes"] == max(stage.budget, 0.0) else ""
+        lines.append(f"{pt['budget_bytes'] / 2**20:>14,.1f} {shown:>12}{mark}")
+    if args.plot:
+        plot_curve(points, args.plot, f"stage {args.stage}", stage.budget)
+    _emit(args, payload, "\n".join(lines))
+    return EXIT_OK if any(p["time"] is not None for p in points) else EXIT_INFEASIBLE
+
+
+def cmd_timeline(args: argparse.Namespace) -> int:
+    spec = _spec(args, args.spec)
+    chunks = args.interleave or spec.chunks
+    if args.counts:
+        counts = counts_list(args.counts)
+    else:
+        found = best_splits(spec.model, _stages(args, spec), 1, "1f1b", spec.bucket, get_backend(args.backend),
+                            spec.in_flight if chunks == spec.chunks else None, _max_bytes(args), interleave=chunks)
+        if not found:
+            print(f"no feasible split of {spec.name}", file=sys.stderr)
+            return EXIT_INFEASIBLE
+        counts = list(found[0][0])
+    try:
+        spec.model.check_counts(counts, chunks)
+    except ValueError as exc:
+        raise BadInput(f"--counts: {exc}") from None
+    solved = schedule.of_split(spec.model, counts, spec.bucket, spec.in_flight, chunks, args.p2p)
+    if solved is None:
+        _emit(args, {**_header("timeline", spec, "numpy"), "counts": counts, "timeline": None},
+              f"split {counts} of {spec.name} does not fit the device memory")
+        return EXIT_INFEASIBLE
+    t, times, closed = solved
+    if args.plot:
+        plot_timeline(t, times, args.plot, f"{spec.name}: split {counts}")
+    payload = {**_header("timeline", spec, "numpy"), "timeline": schedule.record(t, times, counts),
+               "closed_form_1f1b": closed}
+    _emit(args, payload, schedule.summary(t, f"{spec.name}, split {counts}", closed))
+    return EXIT_OK

@@ -1,0 +1,109 @@
+"""Command-line flag types, and the one-line answer to every failure.
+
+Every refusal of a flag is one line naming it (exit 2); :func:`guarded` maps
+whatever a command raises to one line and an exit code, never a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from typing import Any, Callable, NoReturn
+
+from ..formats import parse_quantity
+
+#: Exit codes: success, bad input or a refused job, an internal error (a bug).
+EXIT_OK, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 2, 3
+
+
+def integer(flag: str, low: int, high: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text[:40]!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"expected an integer from {low} to {high:,}, got {text}")
+        return value
+    return parse
+
+
+def size(flag: str) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = parse_quantity(text, "bytes", flag)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc).split(": ", 1)[-1]) from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"expected a positive size, e.g. '80 GiB', got {text!r}")
+        return value
+    return parse
+
+
+def number(low: float, what: str, cast: Callable = float) -> Callable[[str], Any]:
+    """A finite number >= ``low`` (``what`` says what it is in the refusal)."""
+    def parse(text: str) -> Any:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text[:40]!r}") from None
+        if not low <= value < math.inf:
+            raise argparse.ArgumentTypeError(f"expected {what} >= {low:g}, got {text!r}")
+        return cast(value)
+    return parse
+
+
+#: ``--max-work``: a number of DP cells.
+cells = number(1, "a number of DP cells (e.g. 5e10)", int)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (exit 2), as every other refusal."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_BAD_INPUT, f"gpuknap: error: {message}\n")
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or exc.__class__.__name__
+
+
+def guarded(command: Callable[[], int]) -> int:
+    """Run a command; every failure becomes one line on stderr and an exit code."""
+    try:
+        rc = command()
+        sys.stdout.flush()
+        return rc
+    except BrokenPipeError:  # the reader went away (gpuknap best | head -1): stop quietly, as Unix tools do
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except OSError:
+            pass
+        return EXIT_OK
+    except ValueError as exc:  # every refusal of input, BackendUnavailable and WorkTooLarge included
+        print(f"gpuknap: error: {_one_line(exc)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except OSError as exc:  # e.g. a --plot path that became unwritable
+        print(f"gpuknap: error: {exc.filename or ''}: {exc.strerror or _one_line(exc)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except MemoryError:
+        print("gpuknap: error: out of memory; lower --max-memory or use a coarser --bucket", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # a bug: still one line, never a traceback
+        print(f"gpuknap: internal error (please report): {exc.__class__.__name__}: {_one_line(exc)}",
+              file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+def counts_list(text: str) -> list[int]:
+    """``--counts``: a split as comma- or space-separated integers."""
+    try:
+        counts = [int(x) for x in text.replace(",", " ").split()]
+    except ValueError:
+        raise ValueError(f"--counts: expected comma-separated integers, got {text[:40]!r}") from None
+    if not counts:
+        raise ValueError("--counts: no counts given")
+    return counts

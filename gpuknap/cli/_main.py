@@ -1,0 +1,131 @@
+"""The ``gpuknap`` command line: its parser, and every failure mapped to one line and an exit code.
+
+Exit codes: 0 success, 1 nothing feasible (said in words), 2 bad input or a
+refused job (one line on stderr naming the file or flag and the field, no
+traceback), 3 an internal error (a bug: one line, please report it).
+Every flag is checked, and every output path tried, before any work starts.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from contextlib import ExitStack
+from typing import Sequence
+
+from .. import formats
+from .._version import __version__
+from ..engine import MAX_TOP, reporting, work_limit
+from ..formats.splitfiles import PLOT_SUFFIXES, check_output
+from ..search import MAX_IN_FLIGHT, MAX_LAYERS, SCORES
+from ._commands import MAX_POINTS, cmd_best, cmd_curve, cmd_rank, cmd_timeline
+from ._flags import Parser, cells, guarded, integer, number, size
+from ._plots import require_matplotlib
+from ._progress import Bar
+from ._sweep import add_sweep
+
+
+def build_parser() -> argparse.ArgumentParser:
+    base = Parser(add_help=False)  # every command's flags; `common` adds one configuration's
+    base.add_argument("--backend", default="auto", choices=["auto", "numpy", "cupy"],
+                      help="array backend (default auto: CuPy when a GPU is present; env GPUKNAP_BACKEND)")
+    base.add_argument("--bucket", type=size("--bucket"),
+                      help="memory bucket, e.g. '1 MiB' (default: the spec's, else 1 MiB)")
+    base.add_argument("--capacity", type=size("--capacity"),
+                      help="device memory, e.g. '80 GiB' (overrides the spec; needed for SAPP-PPB)")
+    base.add_argument("--max-memory", type=size("--max-memory"), metavar="SIZE",
+                      help="working memory the DP may use, e.g. '8 GiB' (default: a quarter of free RAM, "
+                           "at most 2 GiB; half the free GPU memory)")
+    base.add_argument("--max-work", type=cells, metavar="CELLS",
+                      help="refuse jobs estimated above this many DP cells (default 1e10, about a minute of NumPy)")
+    base.add_argument("--json", action="store_true", help="print the stable JSON (docs/json.md) instead of tables")
+    base.add_argument("--plot", metavar="FILE", help="save a plot (.png, .pdf or .svg; needs matplotlib)")
+    base.add_argument("--quiet", action="store_true", help="no progress bar")
+    common = Parser(add_help=False, parents=[base])
+    common.add_argument("--micro-batches", type=integer("--micro-batches", 1, MAX_IN_FLIGHT),
+                        help="micro-batches per iteration (overrides the spec)")
+    for flag, (name, high, what) in {"--seq": ("seq", 10**7, "sequence length"),
+                                      "--micro-batch-size": ("micro_batch", 10**6, "samples per micro-batch"),
+                                      "--tp": ("tensor_parallel", 4096, "tensor-parallel size"),
+                                      "--ep": ("expert_parallel", 4096, "expert-parallel size"),
+                                      "--dp": ("data_parallel", 10**6, "data-parallel size (shards the optimizer)"),
+                                      }.items():
+        common.add_argument(flag, type=integer(flag, 1, high), metavar="N",
+                            help=f"{what}, for a Hugging Face config.json")
+    p = Parser(prog="gpuknap", description="Exact recompute-option knapsacks for pipeline splits.")
+    p.add_argument("--version", action="version", version=f"gpuknap {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
+    b = sub.add_parser("best", parents=[common], help="the best splits of a model")
+    b.add_argument("spec", nargs="?",
+                   help="spec (YAML/JSON), SAPP-PPB profile or Hugging Face config.json; default: a shipped example")
+    b.add_argument("--stages", type=integer("--stages", 1, MAX_LAYERS), help="pipeline stages (overrides the spec)")
+    b.add_argument("--top", type=integer("--top", 1, MAX_TOP), default=1, help=f"how many splits (default 1, at most {MAX_TOP})")
+    b.add_argument("--score", choices=SCORES, default="slowest",
+                   help="slowest stage, 1F1B closed form, or Megatron's 1F1B schedule simulated")
+    b.add_argument("--interleave", type=integer("--interleave", 1, 64), metavar="V",
+                   help="search interleaved splits of V chunks per stage (default: the spec's)")
+    b.add_argument("--emit", choices=("json", *formats.EMITTERS),
+                   help="print the best split as settings for a training framework (or the JSON)")
+    b.add_argument("--bound", action="store_true",
+                   help="also certify the bucketing: a lower bound on the score with exact bytes (one more search)")
+    b.set_defaults(func=cmd_best)
+    r = sub.add_parser("rank", parents=[common], help="score every split in a file")
+    r.add_argument("spec")
+    r.add_argument("--splits", help="CSV or .npy of layer counts, one split per row")
+    r.add_argument("--from", dest="settings", metavar="FILE",
+                   help="score a framework's settings instead (a MindFormers YAML)")
+    r.add_argument("--out", help="write every score (.npy, else CSV)")
+    r.set_defaults(func=cmd_rank)
+    c = sub.add_parser("curve", parents=[common], help="a stage's least time against its memory budget")
+    c.add_argument("spec")
+    c.add_argument("--stage", type=integer("--stage", 0, MAX_LAYERS), required=True, help="stage index")
+    c.add_argument("--counts", help="the split, e.g. '4,5,6,...' (default: the best split)")
+    c.add_argument("--stages", type=integer("--stages", 1, MAX_LAYERS), help="stages of the best split (with no --counts)")
+    c.add_argument("--points", type=integer("--points", 2, MAX_POINTS), default=21,
+                   help=f"budgets to evaluate (default 21, 2 to {MAX_POINTS:,})")
+    c.set_defaults(func=cmd_curve)
+    t = sub.add_parser("timeline", parents=[common], help="the pipeline schedule of a split, simulated")
+    t.add_argument("spec")
+    t.add_argument("--counts", help="the split, chunk by chunk when interleaved (default: the best 1F1B split)")
+    t.add_argument("--stages", type=integer("--stages", 1, MAX_LAYERS), help="stages of the best split (no --counts)")
+    t.add_argument("--interleave", type=integer("--interleave", 1, 64), help="chunks per stage (default: the spec's)")
+    t.add_argument("--p2p", type=number(0, "a time"), default=0.0, help="time to pass a micro-batch between stages (default 0)")
+    t.set_defaults(func=cmd_timeline)
+    add_sweep(sub, base)
+    return p
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Try every output path (and matplotlib) before any work, so no result is lost at the end."""
+    if args.plot is not None:
+        check_output(args.plot, "--plot", PLOT_SUFFIXES)
+        require_matplotlib()
+    if getattr(args, "out", None) is not None:
+        check_output(args.out, "--out")
+
+
+def _run(args: argparse.Namespace) -> int:
+    if getattr(args, "emit", None) == "json":
+        args.json = True
+    _check_outputs(args)
+    bar = Bar(args.quiet)
+    with ExitStack() as stack:
+        stack.enter_context(reporting(bar))
+        if args.max_work is not None:
+            stack.enter_context(work_limit(args.max_work))
+        try:
+            return args.func(args)
+        finally:
+            bar.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version, or a one-line usage error
+        return int(exc.code or 0)
+    return guarded(lambda: _run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""``gpuknap sweep``: the command line of :func:`gpuknap.sweep` (the rest of the CLI is in ``cli``)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from .._version import __version__
+from ..engine import MAX_TOP
+from ..sweep import GRID_KEYS, SCORES, sweep
+from ._flags import EXIT_OK, integer
+from ._plots import plot_sweep
+from ._report import JSON_VERSION
+
+EXIT_INFEASIBLE = 1
+#: Grid flags: flag -> grid key.
+GRID_FLAGS = {"--stages": "stages", "--tp": "tensor_parallel", "--micro-batch-size": "micro_batch_size",
+              "--interleave": "interleave"}
+
+
+def integers(flag: str) -> Any:
+    """An argparse type: a comma-separated list of integers >= 1 (e.g. ``4,8,16``)."""
+    one = integer(flag, 1, 10**6)
+
+    def parse(text: str) -> list[int]:
+        parts = [p.strip() for p in text.split(",")]
+        if not parts or any(not p for p in parts):
+            raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 4,8,16, got {text!r}")
+        return [one(p) for p in parts]
+
+    return parse
+
+
+def add_sweep(sub: Any, base: Any) -> None:
+    """Register ``gpuknap sweep`` under the sub-command parsers."""
+    w = sub.add_parser("sweep", parents=[base], help="score a grid of parallel configurations in one batch")
+    w.add_argument("spec", help="spec with a 'transformer' section, or a Hugging Face config.json")
+    w.add_argument("--gpus", type=integer("--gpus", 1, 10**7), required=True, help="GPUs in the cluster")
+    w.add_argument("--global-batch", type=integer("--global-batch", 1, 10**9), required=True,
+                   help="samples per training step, over all data-parallel replicas")
+    for flag, key in GRID_FLAGS.items():
+        w.add_argument(flag, type=integers(flag), dest=key, metavar="N,N,...", default=[1],
+                       help=f"{key.replace('_', ' ')} values to try (default 1)")
+    w.add_argument("--score", choices=SCORES, default="1f1b", help="how each configuration's split is chosen")
+    w.add_argument("--top", type=integer("--top", 1, MAX_TOP), default=1, help="splits kept per configuration")
+    w.add_argument("--seq", type=integer("--seq", 1, 10**7), metavar="N", help="sequence length, for a config.json")
+    w.add_argument("--scheduler", metavar="ADDRESS",
+                   help="shard the configurations over a Dask cluster, e.g. tcp://host:8786 (needs gpuknap[cluster])")
+    w.set_defaults(func=cmd_sweep)
+
+
+def _label(config: dict) -> str:
+    return (f"P={config['stages']} TP={config['tensor_parallel']} mbs={config['micro_batch_size']} "
+            f"M={config['micro_batches']} DP={config['data_parallel']}"
+            + (f" v={config['interleave']}" if config["interleave"] > 1 else ""))
+
+
+def _closest(rows: list) -> str:
+    """The infeasible configuration that comes nearest, and what it lacks."""
+    known = [r for r in rows if r.get("coverable_layers") is not None]
+    if not known:
+        return ""
+    r = max(known, key=lambda r: r["coverable_layers"])
+    return (f"; the closest, {_label(r['config'])}, holds at most {r['coverable_layers']:,} of its "
+            f"{r['layers']:,} layers even with the lightest options")
+
+
+def table(result: Any, limit: int = 30) -> str:
+    """The human table: configurations by throughput, then what was skipped."""
+    lines = [f"{'#':>3} {'configuration':<40} {'iteration':>11} {'samples/s':>10} {'tokens/s':>11}  counts"]
+    for i, r in enumerate(result.rows[:limit], 1):
+        if r["feasible"]:
+            tokens = r["throughput"]["tokens_per_second"]
+            mark = "" if r["exact"] else " (local search)"
+            lines.append(f"{i:>3} {_label(r['config']):<40} {r['iteration_time']:>11.6g} "
+                         f"{r['throughput']['samples_per_second']:>10.4g} "
+                         f"{'-' if tokens is None else format(tokens, '11.4g'):>11}  {r['counts']}{mark}")
+        else:
+            lines.append(f"{i:>3} {_label(r['config']):<40} {'infeasible':>11}")
+    if len(result.rows) > limit:
+        lines.append(f"... {len(result.rows) - limit} more rows (--json for all)")
+    if result.skipped:
+        lines.append(f"{len(result.skipped)} configurations skipped:")
+        reasons: dict[str, int] = {}
+        for s in result.skipped:
+            reasons[s["reason"]] = reasons.get(s["reason"], 0) + 1
+        lines += [f"  {n} x {why}" for why, n in sorted(reasons.items(), key=lambda e: -e[1])[:8]]
+    return "\n".join(lines)
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    grid = {key: getattr(args, key) for key in GRID_KEYS}
+    result = sweep(args.spec, grid, gpus=args.gpus, global_batch=args.global_batch, score=args.score, top=args.top,
+                   backend=args.backend, scheduler=args.scheduler, capacity=args.capacity, seq=args.seq,
+                   bucket=args.bucket, max_bytes=args.max_memory)
+    feasible = result.best is not None
+    varied = [k for k in ("tensor_parallel", "data_parallel")
+              if len({r["config"][k] for r in result.rows}) > 1]
+    if varied:  # the spec and config.json models are analytic: no communication time
+        sizes = " and ".join(k.replace("_", "-") for k in varied)
+        print(f"note: the analytic model has no communication time, so configurations with larger {sizes} sizes "
+              "look faster than they are (docs/sweep.md)", file=sys.stderr)
+    if args.plot:
+        plot_sweep(result.rows, args.plot, f"{args.spec}: {args.gpus} GPUs, global batch {args.global_batch}")
+    if args.json:
+        payload = {"gpuknap_json": JSON_VERSION, "version": __version__, "command": "sweep", "source": args.spec,
+                   "gpus": args.gpus, "global_batch": args.global_batch, "score": args.score, "top": args.top,
+                   "grid": grid, "best": result.best, "rows": result.rows, "skipped": result.skipped}
+        json.dump(payload, sys.stdout, indent=2, allow_nan=False)
+        sys.stdout.write("\n")
+    else:
+        print(table(result))
+    if not feasible:
+        print(f"no configuration fits the device memory{_closest(result.rows)}", file=sys.stderr)
+        return EXIT_INFEASIBLE
+    return EXIT_OK

@@ -1,0 +1,63 @@
+"""The engine: stage problems and their exact bucketed DP, one stage or a whole batch.
+
+Owns what a stage is (:class:`LayerOption`, :class:`Layers`, :class:`Stage`,
+the useful-option fronts and the canonical :class:`StageProblem`), the
+single-stage solvers (``choose``, ``least_times``, ``suffix_times``,
+``pp_lite``), the batched engine (dedup, trie chunks under a memory limit,
+min-plus passes on the array backend, ``rank`` of candidate stage lists),
+the backends (NumPy, CuPy and its CUDA kernel) and the work limit and
+progress hook every long call goes through.  It imports nothing else of
+gpuknap: everything above (search, schedule, costs, formats, sweep, cli)
+builds on it.
+"""
+from ._backend import BACKENDS, Backend, BackendUnavailable, cupy_available, get_backend
+from ._options import (
+                       MAX_BYTES,
+                       MAX_TIME,
+                       MEGABYTE,
+                       Front,
+                       FrontTable,
+                       LayerOption,
+                       Layers,
+                       buckets_down,
+                       buckets_up,
+                       check_bucket,
+                       check_int,
+                       check_number,
+)
+from ._problem import (
+                       FASTEST,
+                       INFEASIBLE,
+                       KNAPSACK,
+                       StageProblem,
+                       Verdict,
+                       canonical,
+                       verdict,
+)
+from ._rank import Ranking, rank
+from ._results import Assignment, PipelineChoice, Stage, StageChoice
+from ._solve import Solved, check_max_bytes, solve_knapsacks, solve_problems
+from ._stage import Planner, check_stages, choose, least_times, pp_lite, suffix_times
+from ._work import (
+                       DEFAULT_MAX_CELLS,
+                       MAX_TOP,
+                       WorkTooLarge,
+                       check_work,
+                       format_bytes,
+                       max_cells,
+                       report,
+                       reporting,
+                       work_limit,
+)
+
+__all__ = [
+    "BACKENDS", "Backend", "BackendUnavailable", "cupy_available", "get_backend",
+    "MAX_BYTES", "MAX_TIME", "MEGABYTE", "Front", "FrontTable", "LayerOption", "Layers", "buckets_down",
+    "buckets_up", "check_bucket", "check_int", "check_number",
+    "FASTEST", "INFEASIBLE", "KNAPSACK", "StageProblem", "Verdict", "canonical", "verdict",
+    "Ranking", "rank", "Assignment", "PipelineChoice", "Stage", "StageChoice",
+    "Solved", "check_max_bytes", "solve_knapsacks", "solve_problems",
+    "Planner", "check_stages", "choose", "least_times", "pp_lite", "suffix_times",
+    "DEFAULT_MAX_CELLS", "MAX_TOP", "WorkTooLarge", "check_work", "format_bytes", "max_cells", "report",
+    "reporting", "work_limit",
+]

@@ -1,0 +1,148 @@
+"""Array backends: NumPy everywhere, CuPy where it imports AND a CUDA device is present.
+
+This is the only module that imports CuPy, and it does so lazily: ``import
+gpuknap`` never touches it.  ``backend="auto"`` (the default) takes CuPy when
+it is usable and NumPy otherwise; the ``GPUKNAP_BACKEND`` environment
+variable overrides ``"auto"``.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from . import _passes as passes
+
+BACKENDS = ("auto", "numpy", "cupy")
+ENV_VAR = "GPUKNAP_BACKEND"
+
+#: Default working memory on the CPU: a quarter of what is available, at most this.
+CPU_DEFAULT_CAP = 2 * 2**30
+#: Working memory of one chunk on the CPU (when the limit allows more, the batch is
+#: cut into chunks of about this size): a level's arrays then stay in the
+#: processor's caches from one pass to the next.  Measured on a 2-core EPYC with
+#: 32 MiB of L3 (docs/benchmarks.md): 128 MiB chunks ran the sweep benchmark's
+#: passes 1.4x faster than one 2 GiB chunk, and 32 MiB or 512 MiB ones slower.
+#: Rows wider than this still run, one chunk each, up to the limit.
+CPU_CHUNK_BYTES = 128 * 2**20
+#: Share of the free device memory a batch may use on the GPU.
+GPU_FREE_SHARE = 0.5
+
+
+class BackendUnavailable(ValueError, RuntimeError):
+    """The requested backend cannot run here (the message says why).
+
+    A ``ValueError`` like every other refusal of an argument (and, as before,
+    a ``RuntimeError``), so ``except ValueError`` catches every bad input."""
+
+
+@dataclass(frozen=True)
+class Backend:
+    """An array module plus how one level's min-plus pass runs on it.
+
+    ``mode``: ``"segments"`` (plain xp code, blocks of rows sharing a step),
+    ``"tables"`` (plain xp code reading per-row option tables) or ``"cuda"``
+    (the CUDA kernel of :mod:`._kernels`, CuPy only).  All three are bit-identical.
+    """
+
+    name: str
+    xp: Any
+    mode: str = "segments"
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.name == "cupy"
+
+    @property
+    def uses_tables(self) -> bool:
+        return self.mode != "segments"
+
+    def pass_level(self, prev: Any, parent: Any, level: Any, tables: tuple | None = None) -> Any:
+        """One min-plus pass over every row of ``level``."""
+        if self.mode == "cuda":
+            from ._kernels import minplus_pass
+            return minplus_pass(self.xp, prev, parent, tables[0], tables[1], level.width)
+        if self.mode == "tables":
+            return passes.pass_level_tables(self.xp, prev, parent, tables[0], tables[1], level.width)
+        return passes.pass_level(self.xp, prev, parent, level.width, level.segments)
+
+    def to_host(self, array: Any) -> np.ndarray:
+        return array.get() if self.is_gpu else np.asarray(array)
+
+    def chunk_bytes(self, limit: int) -> int:
+        """The size chunks are cut to under a working-memory ``limit``: the limit on
+        the GPU (one large batch), :data:`CPU_CHUNK_BYTES` at most on the CPU."""
+        return limit if self.is_gpu else min(limit, CPU_CHUNK_BYTES)
+
+    def default_max_bytes(self) -> int:
+        """Working memory a batch may use when ``max_bytes`` is None."""
+        if self.is_gpu:
+            free, _total = self.xp.cuda.runtime.memGetInfo()
+            return int(free * GPU_FREE_SHARE)
+        return min(CPU_DEFAULT_CAP, _available_host_bytes() // 4)
+
+
+def _available_host_bytes() -> int:
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 8 * 2**30
+
+
+NUMPY = Backend("numpy", np)
+
+
+@lru_cache(maxsize=1)
+def _cupy_status() -> tuple[Any, str]:
+    """``(cupy, "")`` when usable, else ``(None, reason)``."""
+    try:
+        import cupy  # noqa: PLC0415 - the one lazy import of CuPy
+    except Exception as exc:  # ImportError, or a broken CUDA install
+        return None, f"CuPy is not installed or failed to import ({exc.__class__.__name__}: {exc})"
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:
+        return None, f"CuPy imports but no CUDA device is usable ({exc.__class__.__name__}: {exc})"
+    if count < 1:
+        return None, "CuPy imports but no CUDA device is present"
+    return cupy, ""
+
+
+def cupy_available() -> tuple[bool, str]:
+    """Whether the CuPy backend can run here, and if not, why."""
+    cupy, reason = _cupy_status()
+    return cupy is not None, reason
+
+
+def get_backend(name: "str | Backend | None" = "auto") -> Backend:
+    """Resolve a backend name (``"auto"``, ``"numpy"``, ``"cupy"``); a Backend passes through."""
+    if isinstance(name, Backend):
+        return name
+    if name is None:
+        name = "auto"
+    if not isinstance(name, str) or name not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {name!r}")
+    if name == "auto":
+        env = os.environ.get(ENV_VAR, "").strip()
+        if env and env != "auto":
+            if env not in BACKENDS:
+                raise ValueError(f"{ENV_VAR} must be one of {BACKENDS}, got {env!r}")
+            name = env
+    if name == "numpy":
+        return NUMPY
+    cupy, reason = _cupy_status()
+    if cupy is None:
+        if name == "cupy":
+            raise BackendUnavailable(f"backend 'cupy' is unavailable: {reason}")
+        return NUMPY
+    return Backend("cupy", cupy, "cuda")

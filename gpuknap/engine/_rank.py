@@ -1,0 +1,184 @@
+"""``rank``: score many candidate splits at once, exactly as ``pp_lite`` would.
+
+A candidate is a sequence of :class:`Stage`.  Identical stage problems are
+solved once; the rest go to the batched engine as knapsacks.
+"""
+from __future__ import annotations
+
+import gc
+from contextlib import contextmanager
+from itertools import accumulate, chain, count
+from operator import attrgetter
+from typing import Any, Hashable, Mapping, Sequence
+
+import numpy as np
+
+from ._backend import get_backend
+from ._options import MEGABYTE, FrontTable, check_number
+from ._problem import StageProblem, canonical, fronts_of
+from ._results import PipelineChoice, Stage
+from ._solve import check_max_bytes, solve_problems
+from ._stage import Planner, check_stages
+
+
+class Ranking:
+    """Scores of a batch of candidates.
+
+    ``slowest[i]`` is candidate i's slowest stage time (``inf`` when some stage
+    has no choice); ``order`` lists candidates best first (ties by index);
+    ``times(i)`` and ``choice(i)`` give the per-stage times and the full
+    :class:`PipelineChoice` (rebuilt on demand with ``pp_lite``).
+    """
+
+    def __init__(self, stage_times: np.ndarray, offsets: np.ndarray, rebuild: Any):
+        self._stage_times = stage_times
+        self._offsets = offsets
+        self._rebuild = rebuild
+        n = len(offsets) - 1
+        if n and len(stage_times):
+            slowest = np.maximum.reduceat(stage_times, offsets[:-1])
+        else:
+            slowest = np.full(n, np.inf)
+        self.slowest = np.asarray(slowest, dtype=np.float64)
+        self.slowest.setflags(write=False)
+        self._order: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self._offsets) - 1
+
+    @property
+    def order(self) -> np.ndarray:
+        """Candidate indices, best (least slowest) first; ties by index."""
+        if self._order is None:
+            self._order = np.argsort(self.slowest, kind="stable")
+            self._order.setflags(write=False)
+        return self._order
+
+    def _index(self, i: int) -> int:
+        if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not -len(self) <= i < len(self):
+            raise IndexError(f"candidate index {i!r} out of range for {len(self)} candidates")
+        return int(i) % len(self)
+
+    def stage_table(self) -> np.ndarray:
+        """Per-stage times of every candidate as ``[B, P]`` (candidates of P stages each;
+        a stage without a choice is ``inf``)."""
+        sizes = np.diff(self._offsets)
+        if len(sizes) and (sizes != sizes[0]).any():
+            raise ValueError("stage_table needs candidates with the same number of stages")
+        return np.asarray(self._stage_times, dtype=np.float64).reshape(len(self), -1)
+
+    def times(self, i: int) -> list[float] | None:
+        """Per-stage times of candidate ``i`` (fixed time included), or None."""
+        i = self._index(i)
+        if np.isinf(self.slowest[i]):
+            return None
+        return self._stage_times[self._offsets[i]:self._offsets[i + 1]].tolist()
+
+    def choice(self, i: int) -> PipelineChoice | None:
+        """The :class:`PipelineChoice` of candidate ``i`` (equal to ``pp_lite``), or None."""
+        i = self._index(i)
+        if np.isinf(self.slowest[i]):
+            return None
+        return self._rebuild(i)
+
+
+@contextmanager
+def _gc_paused():
+    """Pause the cyclic GC while packing: the packing makes many small acyclic
+    objects, and collections triggered by them would rescan the whole batch."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+_KEY = attrgetter("groups", "budget", "fixed_time")
+
+
+def _where(offsets: Sequence[int], i: int) -> str:
+    c = int(np.searchsorted(offsets, i, side="right")) - 1
+    return f"candidates[{c}][{i - offsets[c]}]"
+
+
+def _hashable(stage: Stage) -> bool:
+    try:
+        hash(_KEY(stage))
+        return True
+    except TypeError:
+        return False
+
+
+#: Stages sampled to decide whether candidates share Stage objects (PipelineModel.stages reuses them).
+_SAMPLE = 2048
+
+
+def _flatten(candidates: list) -> tuple[list, list[int], np.ndarray]:
+    """All stages in one list, each candidate's offset into it, and per stage the
+    index of its object among the distinct objects (validated)."""
+    if not (set(map(type, candidates)) <= {list, tuple} and all(candidates)):
+        for c, stages in enumerate(candidates):  # slow path: find what is wrong, or accept
+            candidates[c] = check_stages(stages, f"candidates[{c}]")
+    flat = list(chain.from_iterable(candidates))
+    sample = flat[:_SAMPLE]
+    if len(set(map(id, sample))) * 100 <= len(sample) * 99:  # objects reused: work on each object once
+        ids: dict[int, int] = {}
+        objects = np.fromiter(map(ids.setdefault, map(id, flat), count()), dtype=np.int64, count=len(flat))
+        firsts = np.fromiter(ids.values(), dtype=np.int64, count=len(ids))
+        distinct = [flat[i] for i in firsts.tolist()]
+        dense = np.zeros(len(flat), dtype=np.int64)
+        dense[firsts] = np.arange(len(firsts))
+        objects = dense[objects]
+    else:
+        distinct, objects = flat, np.arange(len(flat))
+    if set(map(type, distinct)) - {Stage}:
+        for c, stages in enumerate(candidates):
+            check_stages(stages, f"candidates[{c}]")
+    return distinct, [0, *accumulate(map(len, candidates))], objects
+
+
+def _dedup(flat: list, offsets: list, table: FrontTable, where: Any) -> tuple:
+    """Per stage its key id; the distinct validated problems; per key its problem
+    id and fixed time.  A key is ``(groups, budget, fixed_time)``; ``where(i)``
+    maps a position in ``flat`` to a position among all the candidates' stages."""
+    index: dict[tuple, int] = {}
+    try:  # one hash per stage; a key's id is its first stage, made dense below
+        first = np.fromiter(map(index.setdefault, map(_KEY, flat), count()), dtype=np.int64, count=len(flat))
+    except TypeError:
+        at = next(i for i, s in enumerate(flat) if not _hashable(s))
+        raise ValueError(f"{_where(offsets, where(at))} has an unhashable layer kind or budget") from None
+    dense = np.zeros(len(flat), dtype=np.int64)
+    dense[np.fromiter(index.values(), dtype=np.int64, count=len(index))] = np.arange(len(index))
+    problem_ids: dict[StageProblem, int] = {}
+    key_problem, key_fixed = [], []
+    for (groups, budget, fixed), at in index.items():
+        try:
+            key_fixed.append(float(check_number(fixed, "fixed_time")))
+            problem = canonical(groups, budget)
+            fronts_of(problem, table)
+        except ValueError as exc:
+            raise ValueError(f"{_where(offsets, where(at))}: {exc}") from None
+        key_problem.append(problem_ids.setdefault(problem, len(problem_ids)))
+    return dense[first], list(problem_ids), np.asarray(key_problem, dtype=np.int64), np.asarray(key_fixed)
+
+
+def rank(candidates: Sequence[Sequence[Stage]], fronts: Mapping[Hashable, Sequence[Any]],
+         bucket: float = MEGABYTE, backend: str | None = "auto", max_bytes: int | None = None) -> Ranking:
+    """Score every candidate exactly as ``pp_lite`` would, in one batch."""
+    table = FrontTable(fronts, bucket)
+    if max_bytes is not None:
+        check_max_bytes(max_bytes)
+    get_backend(backend)  # fail early on a bad or unavailable backend
+    if isinstance(candidates, (str, bytes)) or not isinstance(candidates, Sequence):
+        raise ValueError(f"candidates must be a sequence of candidates, got {type(candidates).__name__}")
+    candidates = list(candidates)
+    with _gc_paused():
+        distinct, offsets, objects = _flatten(candidates)
+        where = lambda i: int(np.argmax(objects == i))  # noqa: E731 - only for error messages
+        stage_keys, problems, key_problem, key_fixed = _dedup(distinct, offsets, table, where)
+    values = solve_problems(problems, table, backend, max_bytes)
+    stage_times = (values[key_problem] + key_fixed)[stage_keys][objects]
+    plan = Planner(fronts, bucket)  # choices of many candidates share their stages
+    return Ranking(stage_times, np.asarray(offsets, dtype=np.int64), lambda i: plan(candidates[i]))

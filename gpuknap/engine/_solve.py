@@ -1,0 +1,158 @@
+"""The batched engine: stage problems -> knapsacks -> trie chunks -> passes -> readouts.
+
+:func:`solve_problems` answers distinct stage problems (all-fastest and
+infeasible ones without any pass), :func:`solve_knapsacks` the rest as one
+batch.  Backend-independent apart from :meth:`Backend.pass_level`: a chunk's
+index arrays and option tables are uploaded once, each level is one pass over
+all of its rows, and only the readouts come back to the host.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ._backend import Backend, get_backend
+from ._batch import Chunk, Knapsack, build_chunk, plan_chunks
+from ._options import FrontTable, check_int
+from ._problem import FASTEST, KNAPSACK, StageProblem, verdict
+from ._work import check_work, report
+
+
+def _upload(backend: Backend, chunk: Chunk) -> list[tuple]:
+    """Per level: ``(parent, tables, read_rows, read_cols)`` on the backend."""
+    xp = backend.xp
+    levels = chunk.levels
+    parents = xp.asarray(np.concatenate([lv.parent for lv in levels]))
+    reads_r = xp.asarray(np.concatenate([lv.read_rows for lv in levels]))
+    reads_c = xp.asarray(np.concatenate([lv.read_cols for lv in levels]))
+    tables = [None] * len(levels)
+    if backend.uses_tables:
+        n_opt = max(lv.tables()[0].shape[1] for lv in levels)
+        ws, ts = [], []
+        for lv in levels:
+            w, t = lv.tables()
+            pad = n_opt - w.shape[1]
+            ws.append(np.pad(w, ((0, 0), (0, pad))))
+            ts.append(np.pad(t, ((0, 0), (0, pad)), constant_values=np.inf))
+        w_all, t_all = xp.asarray(np.concatenate(ws)), xp.asarray(np.concatenate(ts))
+    out = []
+    row0 = read0 = 0
+    for i, lv in enumerate(levels):
+        rows, reads = lv.rows, len(lv.read_ids)
+        if backend.uses_tables:
+            tables[i] = (w_all[row0:row0 + rows], t_all[row0:row0 + rows])
+        out.append((parents[row0:row0 + rows], tables[i], reads_r[read0:read0 + reads], reads_c[read0:read0 + reads]))
+        row0 += rows
+        read0 += reads
+    return out
+
+
+def run_chunk(backend: Backend, chunk: Chunk, on_level: Callable[[int], None] | None = None) -> np.ndarray:
+    """All readouts of a chunk, in the order of its levels' ``read_ids``;
+    ``on_level(cells)`` is called after each level."""
+    xp = backend.xp
+    prev = xp.zeros((1, chunk.root_width), dtype=xp.float64)
+    values = []
+    for lv, (parent, tables, rr, rc) in zip(chunk.levels, _upload(backend, chunk)):
+        prev = backend.pass_level(prev, parent, lv, tables)
+        if len(lv.read_ids):
+            values.append(prev[rr, rc])
+        if on_level is not None:
+            on_level(lv.rows * lv.width)
+    if not values:
+        return np.empty(0)
+    return backend.to_host(xp.concatenate(values))
+
+
+def solve_knapsacks(problems: Sequence[Knapsack], table: FrontTable, backend: Backend,
+                    max_bytes: int | None, n_ids: int) -> np.ndarray:
+    """Least bucketed time of every problem, indexed by ``Knapsack.ident``.
+
+    Entries of ids not among ``problems`` stay ``inf``.
+    """
+    values = np.full(n_ids, np.inf)
+    if not problems:
+        return values
+    limit = backend.default_max_bytes() if max_bytes is None else check_max_bytes(max_bytes)
+    if backend.is_gpu and max_bytes is not None:  # never more than the device has free
+        limit = min(limit, backend.default_max_bytes())
+    chunks = [build_chunk(entries, table)
+              for entries in plan_chunks(problems, limit, table.bucket, backend.chunk_bytes(limit))]
+    total = sum(chunk.cells for chunk in chunks)
+    check_work(total, table.bucket, f"solving {len(problems):,} stage problems")
+    done = 0
+
+    def tick(cells: int) -> None:
+        nonlocal done
+        done += cells
+        report("DP passes", done, total)
+
+    for chunk in chunks:
+        ids = np.concatenate([lv.read_ids for lv in chunk.levels])
+        values[ids] = run_chunk(backend, chunk, tick)
+    return values
+
+
+def check_max_bytes(max_bytes: object) -> int:
+    """Validate ``max_bytes``: a positive integer number of bytes."""
+    return check_int(max_bytes, "max_bytes (bytes, or None)", 1)
+
+
+def solve_problems(problems: Sequence[StageProblem], table: FrontTable, backend: str | None,
+                   max_bytes: int | None, verdicts: Sequence[Any] | None = None,
+                   known: "Solved | None" = None) -> np.ndarray:
+    """Least time of every distinct stage problem (``inf`` where none fits);
+    ``verdicts`` are the problems' verdicts when the caller has them already.
+    ``known``: a :class:`Solved` of the problems solved before with this table,
+    whose times are taken from there; the problems solved now are added to it
+    (the rounds of a search)."""
+    values = np.full(len(problems), np.inf)
+    knapsacks = []
+    new = []
+    times = known.times() if known else None
+    for ident, problem in enumerate(problems):
+        if times is not None:
+            t = times.get(problem)
+            if t is not None:
+                values[ident] = t
+                continue
+        new.append(ident)
+        how = verdict(problem, table) if verdicts is None else verdicts[ident]
+        if how.kind == FASTEST:
+            values[ident] = how.time
+        elif how.kind == KNAPSACK:
+            knapsacks.append(Knapsack(problem.runs, how.capacity, ident))
+    if knapsacks:
+        solved = solve_knapsacks(knapsacks, table, get_backend(backend), max_bytes, len(problems))
+        idents = [k.ident for k in knapsacks]
+        values[idents] = solved[idents]
+    if known is not None:
+        known.add([problems[i] for i in new], values[new])
+    return values
+
+
+class Solved:
+    """Times of stage problems solved in earlier rounds of a search, for
+    :func:`solve_problems`.  Problems are hashed only once a later round asks,
+    so a search that ends in one round pays nothing for it."""
+
+    def __init__(self) -> None:
+        self._pending: list = []
+        self._times: dict = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._pending or self._times)
+
+    def __len__(self) -> int:
+        return len(self.times())
+
+    def add(self, problems: Sequence[Any], values: np.ndarray) -> None:
+        self._pending.append((problems, values))
+
+    def times(self) -> dict:
+        """``{problem: least time}`` of every problem added."""
+        for problems, values in self._pending:
+            self._times.update(zip(problems, values.tolist()))
+        self._pending.clear()
+        return self._times

@@ -1,0 +1,92 @@
+"""The work of one call: a documented limit checked before it starts, and progress as it goes.
+
+The DP's work is counted in *cells*: one cell is one bucket of one DP row
+after one layer step (each cell costs one addition per useful option and a
+minimum).  The engine counts the cells of a whole batch after packing it and
+before any pass runs, and refuses a batch over the limit with the count and
+what to change; the single-stage solvers do the same.  The limit is
+:data:`DEFAULT_MAX_CELLS` (a few minutes of NumPy on a 2-core machine) and
+can be raised (or lowered) for a block of code with :func:`work_limit`, or
+with ``--max-work`` on the command line.
+
+Progress: the engine and the search call :func:`report` as they go; nothing
+is shown unless a caller installed a callback with :func:`reporting` (the
+command line draws a bar on a terminal).  Context variables keep callers in
+other threads apart.
+"""
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Callable, Iterator
+
+#: Default limit on DP cells per call (about a minute of NumPy passes on a 2-core machine, 4 options).
+DEFAULT_MAX_CELLS = 10_000_000_000
+#: Most splits ``best_splits`` returns in one call.
+MAX_TOP = 1000
+
+_max_cells: ContextVar[int] = ContextVar("gpuknap_max_cells", default=DEFAULT_MAX_CELLS)
+
+
+class WorkTooLarge(ValueError):
+    """A computation was refused before it started: its estimated work exceeds the limit."""
+
+
+def max_cells() -> int:
+    """The work limit in force (DP cells)."""
+    return _max_cells.get()
+
+
+@contextmanager
+def work_limit(cells: int) -> Iterator[None]:
+    """Allow up to ``cells`` DP cells per call inside the ``with`` block."""
+    if isinstance(cells, bool) or not isinstance(cells, (int, float)) or not 1 <= cells < math.inf:
+        raise ValueError(f"the work limit must be a positive number of DP cells, got {cells!r}")
+    token = _max_cells.set(int(cells))
+    try:
+        yield
+    finally:
+        _max_cells.reset(token)
+
+
+def check_work(cells: int, bucket: float, what: str = "this batch") -> None:
+    """Refuse ``cells`` DP cells over the limit, saying what would fit."""
+    limit = max_cells()
+    if cells <= limit:
+        return
+    factor = math.ceil(cells / limit)
+    raise WorkTooLarge(
+        f"{what} needs {cells:.3g} DP cells, over the work limit of {limit:.3g}; use a bucket of at least "
+        f"{format_bytes(bucket * factor)} (--bucket), or raise the limit (--max-work, gpuknap.work_limit)")
+
+
+def format_bytes(n: float) -> str:
+    """A size rounded up to one decimal of the largest binary unit it reaches."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{math.ceil(n / size * 10) / 10:g} {unit}"
+    return f"{math.ceil(n)} bytes"
+
+
+#: ``callback(stage, done, total)``: ``stage`` names the phase, ``done`` of ``total`` units in it.
+Callback = Callable[[str, int, int], None]
+
+_listener: ContextVar[Callback | None] = ContextVar("gpuknap_progress", default=None)
+
+
+@contextmanager
+def reporting(callback: Callback) -> Iterator[None]:
+    """Send progress reports to ``callback`` inside the ``with`` block."""
+    token = _listener.set(callback)
+    try:
+        yield
+    finally:
+        _listener.reset(token)
+
+
+def report(stage: str, done: int, total: int) -> None:
+    """Tell the listener, if any, that ``done`` of ``total`` units of ``stage`` are done."""
+    callback = _listener.get()
+    if callback is not None:
+        callback(stage, done, total)

@@ -1,0 +1,204 @@
+"""Spec files (YAML or JSON, one schema; see docs/spec.md), and the one reader of every input kind.
+
+A spec gives the model's layers as runs of a kind, each kind's options and
+static memory (or an analytic ``transformer`` section), the device, the
+pipeline and the bucket.  Quantities may carry units (``"852 MB"``,
+``"80 GiB"``, ``"1.5 ms"``); bytes and milliseconds inside.  Every mapping
+is closed (an unknown key is an error, with the nearest known key
+suggested) and every error names the file and the field.  :func:`load_spec`
+also reads SAPP-PPB profiles and Hugging Face ``config.json`` files (told by
+their content), through :mod:`.sapp_ppb` and :mod:`.hf`.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import fields, replace
+from typing import Any, Mapping
+
+from ..costs import PRESETS, TransformerConfig, transformer_model
+from ..engine import MEGABYTE, LayerOption
+from ..search import MAX_IN_FLIGHT, MAX_LAYERS, PipelineModel
+from . import hf, sapp_ppb
+from ._documents import check_keys, read_document
+from ._fields import TRAINING, Fields, Spec, check_arguments, short
+
+TOP_LEVEL = ("name", "layers", "kinds", "transformer", "device", "pipeline", "bucket")
+DEVICE = ("capacity", "reserved")
+PIPELINE = ("stages", "micro_batches", "interleave", "in_flight")
+LAYER_RUN = ("kind", "count")
+KIND = ("static", "options")
+OPTION = ("name", "memory", "held_once", "forward", "backward", "excess")
+
+
+def _option(f: Fields, o: Any, ow: str, j: int) -> LayerOption:
+    o = f.mapping(o, ow, OPTION)
+    for req in ("memory", "forward", "backward"):
+        if req not in o:
+            raise f.fail(ow, f"missing '{req}'")
+    memory = f.quantity(o["memory"], f"{ow}.memory", "bytes")
+    held = f.quantity(o.get("held_once", 0), f"{ow}.held_once", "bytes")
+    raw = o.get("excess", [])
+    if not isinstance(raw, list):
+        raise f.fail(f"{ow}.excess", "expected a list of [in_flight, bytes] pairs")
+    excess = []
+    for e, pair in enumerate(raw):
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise f.fail(f"{ow}.excess[{e}]", "expected [in_flight, bytes]")
+        k = f.integer(pair[0], f"{ow}.excess[{e}][0]", 1, MAX_IN_FLIGHT)
+        nbytes = f.quantity(pair[1], f"{ow}.excess[{e}][1]", "bytes")
+        if k * memory + held - nbytes < 0:
+            raise f.fail(f"{ow}.excess[{e}]", f"leaves negative memory at {k} in flight "
+                                              f"({k} x memory + held_once - excess < 0)")
+        excess.append((k, nbytes))
+    name = f.text(o["name"], f"{ow}.name") if "name" in o else f"option{j}"
+    return LayerOption(name, memory, f.quantity(o["forward"], f"{ow}.forward", "ms"),
+                       f.quantity(o["backward"], f"{ow}.backward", "ms"), held, tuple(excess))
+
+
+def _kinds(f: Fields, data: Any) -> tuple[dict, dict]:
+    fronts, static = {}, {}
+    for kind, spec in f.mapping(data, "kinds").items():
+        where = f"kinds.{kind}"
+        spec = f.mapping(spec, where, KIND)
+        static[kind] = f.quantity(spec.get("static", 0), f"{where}.static", "bytes")
+        options = spec.get("options")
+        if not isinstance(options, list) or not options:
+            raise f.fail(f"{where}.options", "expected a non-empty list of options")
+        opts = [_option(f, o, f"{where}.options[{j}]", j) for j, o in enumerate(options)]
+        seen: dict[str, int] = {}
+        for j, o in enumerate(opts):
+            if o.name in seen:
+                raise f.fail(f"{where}.options[{j}].name",
+                             f"{o.name!r} is also the name of options[{seen[o.name]}]; names must differ")
+            seen[o.name] = j
+        fronts[kind] = opts
+    return fronts, static
+
+
+def _layers(f: Fields, data: Any, fronts: Mapping) -> list:
+    if not isinstance(data, list) or not data:
+        raise f.fail("layers", "expected a non-empty list of {kind, count}")
+    kinds: list = []
+    for i, run in enumerate(data):
+        run = f.mapping(run, f"layers[{i}]", LAYER_RUN)
+        if "kind" not in run:
+            raise f.fail(f"layers[{i}]", "missing 'kind'")
+        kind = run["kind"]
+        if not isinstance(kind, (str, int)) or isinstance(kind, bool) or kind not in fronts:
+            raise f.fail(f"layers[{i}].kind", f"unknown kind {short(kind)}; kinds are {sorted(map(str, fronts))}")
+        count = f.integer(run.get("count", 1), f"layers[{i}].count", 0, MAX_LAYERS)
+        if len(kinds) + count > MAX_LAYERS:
+            raise f.fail(f"layers[{i}].count", f"the model would have more than {MAX_LAYERS:,} layers")
+        kinds.extend([kind] * count)
+    if not kinds:
+        raise f.fail("layers", "the model has no layers")
+    return kinds
+
+
+def load_spec(path: str | os.PathLike, *, capacity: Any = None, micro_batches: int | None = None,
+              stages: int | None = None, bucket: Any = None, reserved: Any = None, **training: Any) -> Spec:
+    """Load a spec file, a SAPP-PPB profile or a Hugging Face ``config.json``;
+    keyword arguments override the file.
+
+    An override that is wrong is blamed on the keyword (``stages: expected an
+    integer >= 1, got 0``), a field of the file on the file and the field.
+    ``training`` (``seq``, ``micro_batch``, ``tensor_parallel``,
+    ``expert_parallel``, ``data_parallel``, ``sequence_parallel``) says how a
+    Hugging Face config is trained (``seq`` required); it is refused for
+    other inputs rather than ignored.
+    """
+    path = os.fspath(path)
+    capacity, micro_batches, stages, bucket, reserved, training = check_arguments(
+        capacity, micro_batches, stages, bucket, reserved, training)
+    data = read_document(path)
+    f = Fields(path)
+    f.mapping(data, "(top level)")
+    if hf.is_config(data):
+        return hf.spec_of(data, path, capacity, micro_batches, stages, bucket, reserved, training)
+    if training:
+        name = sorted(training)[0]
+        flag = TRAINING.get(name, ("--" + name,))[0]
+        raise ValueError(f"{name} ({flag}): applies to Hugging Face config.json files only, "
+                         f"and {path} is a gpuknap spec or a SAPP-PPB profile")
+    if "layers_description" in data:  # a SAPP-PPB profile
+        if capacity is None or micro_batches is None:
+            raise f.fail("(SAPP-PPB profile)", "give the device capacity and micro-batches (--capacity, --micro-batches)")
+        model = sapp_ppb.model_of(data, path, capacity, micro_batches, reserved or 0.0)
+        name = data.get("name", os.path.basename(path))
+        return Spec(model, stages, 1, None, MEGABYTE if bucket is None else bucket, path,
+                    name if isinstance(name, str) else os.path.basename(path))
+    f.mapping(data, "(top level)", TOP_LEVEL)
+    name = f.text(data["name"], "name") if "name" in data else os.path.basename(path)
+    device = f.mapping(data.get("device", {}), "device", DEVICE)
+    pipeline = f.mapping(data.get("pipeline", {}), "pipeline", PIPELINE)
+    if capacity is None:
+        if "capacity" not in device:
+            raise f.fail("device.capacity", "missing (the device memory, e.g. '80 GiB')")
+        capacity = f.quantity(device["capacity"], "device.capacity", "bytes", positive=True)
+    if reserved is None:
+        reserved = f.quantity(device.get("reserved", 0), "device.reserved", "bytes")
+    if reserved >= capacity:
+        blame = "device.reserved" if "reserved" in device else "reserved"
+        raise f.fail(blame, f"{reserved:,.0f} bytes reserved leave nothing of the {capacity:,.0f}-byte capacity")
+    if micro_batches is None:
+        if "micro_batches" not in pipeline:
+            raise f.fail("pipeline.micro_batches", "missing")
+        micro_batches = f.integer(pipeline["micro_batches"], "pipeline.micro_batches", 1, MAX_IN_FLIGHT)
+    if "transformer" in data:
+        if "layers" in data or "kinds" in data:
+            raise f.fail("transformer", "give either 'transformer' or 'layers' and 'kinds', not both")
+        try:
+            model = transformer_model(config_from(data["transformer"]), capacity, micro_batches, reserved)
+        except ValueError as exc:
+            raise ValueError(f"{path}: {exc}") from None
+    else:
+        for req in ("layers", "kinds"):
+            if req not in data:
+                raise f.fail(req, "missing (or give a 'transformer' section)")
+        fronts, static = _kinds(f, data["kinds"])
+        kinds = _layers(f, data["layers"], fronts)
+        model = PipelineModel(kinds, fronts, static, capacity, micro_batches, reserved)
+    if stages is None and "stages" in pipeline:
+        stages = f.integer(pipeline["stages"], "pipeline.stages", 1, MAX_LAYERS)
+    chunks = f.integer(pipeline.get("interleave", 1), "pipeline.interleave", 1, 64)
+    in_flight = pipeline.get("in_flight")
+    if in_flight is not None:
+        if stages is None:
+            raise f.fail("pipeline.in_flight", "needs pipeline.stages")
+        if not isinstance(in_flight, list):
+            raise f.fail("pipeline.in_flight", "expected a list of rows [stage][chunk]")
+        try:
+            in_flight = tuple(tuple(r) for r in model.in_flight_table(stages, chunks, in_flight))
+        except (TypeError, ValueError) as exc:
+            raise f.fail("pipeline.in_flight", str(exc)) from None
+    elif chunks > 1 and stages is not None:  # the interleaved schedule's own in-flight counts
+        try:
+            in_flight = tuple(tuple(r) for r in model.in_flight_table(stages, chunks))
+        except ValueError as exc:
+            raise f.fail("pipeline.interleave", str(exc)) from None
+    if bucket is None:
+        bucket = f.quantity(data.get("bucket", MEGABYTE), "bucket", "bytes", positive=True)
+    return Spec(model, stages, chunks, in_flight, bucket, path, name)
+
+
+def config_from(data: Mapping[str, Any], where: str = "transformer") -> TransformerConfig:
+    """A config from a preset name and/or explicit fields (``{"preset": ..., "seq": ...}``)."""
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{where} must be a mapping")
+    data = dict(data)
+    preset = data.pop("preset", None)
+    check_keys(data, {f.name for f in fields(TransformerConfig)} | {"preset"}, where)
+    if preset is not None:
+        if not isinstance(preset, str) or preset not in PRESETS:
+            raise ValueError(f"{where}.preset must be one of {sorted(PRESETS)}, got {preset!r}")
+        try:
+            return replace(PRESETS[preset], **data)
+        except ValueError as exc:
+            raise ValueError(str(exc).replace("transformer.", f"{where}.", 1)) from None
+    missing = sorted({"layers", "hidden", "heads", "ffn", "seq"} - set(data))
+    if missing:
+        raise ValueError(f"{where}: missing field(s) {missing} (or give a preset)")
+    try:
+        return TransformerConfig(**data)
+    except ValueError as exc:
+        raise ValueError(str(exc).replace("transformer.", f"{where}.", 1)) from None

@@ -1,0 +1,129 @@
+"""The schedule of a solved split: per-chunk times from its plan, simulated, summarised, drawn.
+
+A split's plan gives every layer an option; a (stage, chunk)'s forward time is
+the sum of its layers' forward times, its backward time the sum of their
+backward times (recompute included), of which the recompute is the part
+above each layer's least backward time among its kind's options.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from ._simulate import Timeline, iteration_times, simulate
+
+#: Most operations the command line simulates and prints (2 x stages x chunks x micro-batches).
+MAX_TIMELINE_OPS = 1_000_000
+
+
+@dataclass(frozen=True)
+class ChunkTimes:
+    """Per-micro-batch times ``[stage][chunk]``: forward, backward, and the recompute inside backward."""
+
+    forward: list
+    backward: list
+    recompute: list
+
+
+def chunk_times(model: Any, counts: Sequence[int], names: Sequence[str], chunks: int = 1) -> ChunkTimes:
+    """The times of every (stage, chunk) of a split whose layers run ``names``."""
+    p = len(counts) // chunks
+    bounds = np.concatenate(([0], np.cumsum(counts))).tolist()
+    fwd = [[0.0] * chunks for _ in range(p)]
+    bwd = [[0.0] * chunks for _ in range(p)]
+    rec = [[0.0] * chunks for _ in range(p)]
+    for c in range(chunks):
+        for s in range(p):
+            i = c * p + s
+            for layer in range(bounds[i], bounds[i + 1]):
+                options = model.fronts[model.kinds[layer]]
+                option = next(o for o in options if getattr(o, "name", None) == names[layer])
+                fwd[s][c] += option.forward_time
+                bwd[s][c] += option.backward_time
+                rec[s][c] += option.backward_time - min(o.backward_time for o in options)
+    return ChunkTimes(fwd, bwd, rec)
+
+
+def stage_forward_backward(model: Any, start: int, stop: int, choice: Any) -> tuple[float, float]:
+    """Forward and backward time of one stage (one chunk) on layers ``start:stop`` under its
+    solved ``choice``, summed layer by layer in model order as :func:`chunk_times` does
+    (a kind's layers take its chosen options slowest first, as ``model.option_names``)."""
+    queues: dict[Any, list] = {}
+    for a in choice.assignments:
+        queues.setdefault(a.layers.kind, []).extend([a.option] * a.count)
+    fwd = bwd = 0.0
+    for kind in model.kinds[start:stop]:
+        option = queues[kind].pop(0)
+        fwd += option.forward_time
+        bwd += option.backward_time
+    return fwd, bwd
+
+
+def timeline_of(model: Any, counts: Sequence[int], names: Sequence[str], chunks: int = 1,
+                p2p: float = 0.0) -> tuple[Timeline, ChunkTimes]:
+    """Simulate Megatron's schedule (interleaved when ``chunks > 1``) for a solved split."""
+    ops = 2 * len(counts) * model.micro_batches
+    if ops > MAX_TIMELINE_OPS:
+        raise ValueError(f"the timeline would have {ops:,} operations, over {MAX_TIMELINE_OPS:,}; "
+                         "use fewer micro-batches or stages")
+    times = chunk_times(model, counts, names, chunks)
+    schedule = "interleaved" if chunks > 1 else "1f1b"
+    return simulate(times.forward, times.backward, model.micro_batches, schedule, p2p), times
+
+
+def of_split(model: Any, counts: Sequence[int], bucket: float, in_flight: Any = None, chunks: int = 1,
+             p2p: float = 0.0) -> tuple | None:
+    """``(timeline, chunk times, closed-form 1F1B score or None)`` of a split's best plan, None when
+    it does not fit; ``in_flight`` is used when it is a table for this split's stages and chunks."""
+    p = len(counts) // chunks
+    if in_flight is not None and (len(in_flight) != p or len(in_flight[0]) != chunks):
+        in_flight = None
+    names = model.plan(counts, bucket, in_flight, chunks)
+    if names is None:
+        return None
+    t, times = timeline_of(model, counts, names, chunks, p2p)
+    closed = None
+    if chunks == 1:
+        stage_times = [f[0] + b[0] for f, b in zip(times.forward, times.backward)]
+        closed = (model.micro_batches - 1) * max(stage_times) + sum(stage_times)
+    return t, times, closed
+
+
+def simulated_times(model: Any, found: Sequence[tuple], in_flight: Any = None, chunks: int = 1) -> list[float]:
+    """The simulated iteration time (Megatron's schedule, no transfer time) of each solved
+    split ``(counts, score, choice, ...)``, all in one batch."""
+    if not found:
+        return []
+    p = len(found[0][0]) // chunks
+    fwd, bwd = np.empty((len(found), p, chunks)), np.empty((len(found), p, chunks))
+    for i, entry in enumerate(found):
+        names = model.option_names(entry[0], entry[2], in_flight, chunks)
+        times = chunk_times(model, entry[0], names, chunks)
+        fwd[i], bwd[i] = times.forward, times.backward
+    return iteration_times(fwd, bwd, model.micro_batches, "interleaved" if chunks > 1 else "1f1b").tolist()
+
+
+def record(t: Timeline, times: ChunkTimes, counts: Sequence[int]) -> dict:
+    """The timeline's numbers for the JSON output (docs/json.md)."""
+    return {"counts": [int(c) for c in counts], "stages": t.stages, "chunks": t.chunks,
+            "micro_batches": t.micro_batches, "iteration_time": t.iteration_time, "bubble": t.bubble,
+            "busy": t.busy, "idle": t.idle, "peak_in_flight": t.peak_in_flight,
+            "forward": times.forward, "backward": times.backward, "recompute": times.recompute,
+            "ops": [{"stage": o.stage, "chunk": o.chunk, "micro_batch": o.micro_batch, "kind": o.kind,
+                     "start": o.start, "end": o.end} for o in t.ops]}
+
+
+def summary(t: Timeline, title: str, closed_form: float | None = None) -> str:
+    """A table per stage: busy and idle time, peak micro-batches alive per chunk."""
+    lines = [f"{title}: iteration time {t.iteration_time:.6g}, bubble {100 * t.bubble:.1f}% "
+             f"({t.stages} stages" + (f" x {t.chunks} chunks" if t.chunks > 1 else "")
+             + f", {t.micro_batches} micro-batches)",
+             f"{'stage':>5} {'busy':>12} {'idle':>12}  peak in flight per chunk"]
+    for s, (busy, idle) in enumerate(zip(t.busy, t.idle)):
+        lines.append(f"{s:>5} {busy:>12.6g} {idle:>12.6g}  {t.peak_in_flight[s]}")
+    if closed_form is not None:
+        lines.append(f"closed-form 1F1B score (M - 1) * slowest + sum: {closed_form:.6g} "
+                     f"({100 * (closed_form / t.iteration_time - 1):+.2f}% against the simulation)")
+    return "\n".join(lines)

@@ -1,0 +1,265 @@
+"""A model split into pipeline stages (the contract's 1F1B model level).
+
+``PipelineModel`` holds the kind of every layer in order, the options of each
+kind, each kind's static bytes per layer, the device capacity, the reserved
+bytes and the number of micro-batches.  A split is a list of layer counts.
+
+Interleaved (virtual) pipelines: with ``chunks=v`` a split has ``P * v``
+counts given chunk by chunk -- chunk 0 of stages 0..P-1, then chunk 1 of
+stages 0..P-1, and so on -- so the model's layers run through the devices v
+times.  A device's stage holds the layers of all its chunks and pays their
+static bytes from one budget; the in-flight count is then given per (stage,
+chunk) by a table ``in_flight[s][c]``: given, or by default the peak number of
+micro-batches alive under Megatron's interleaved 1F1B (:mod:`gpuknap.schedule`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import accumulate
+from typing import Any, Hashable, Mapping, Sequence
+
+import numpy as np
+
+from ..engine import (
+    MEGABYTE,
+    Layers,
+    Planner,
+    Ranking,
+    Stage,
+    check_bucket,
+    check_int,
+    check_max_bytes,
+    check_number,
+    get_backend,
+    pp_lite,
+)
+from ..schedule import in_flight_table
+from ._classify import kind_counts
+from ._ranking import rank_interleaved, rank_plain
+
+#: Most layers a model may have (a bound checked before anything is allocated).
+MAX_LAYERS = 1_000_000
+#: Stage objects remembered by ``stages`` (the cache is emptied when it grows past this).
+STAGE_CACHE = 1 << 18
+#: Most micro-batches (and so in-flight counts) a model may have.
+MAX_IN_FLIGHT = 1_000_000
+
+
+@dataclass(frozen=True)
+class PipelineModel:
+    """Layers in order (``kinds``), their options (``fronts``) and static bytes
+    per layer of each kind (``static``), the device ``capacity`` and
+    ``reserved`` bytes, and ``micro_batches`` per iteration."""
+
+    kinds: tuple
+    fronts: Mapping
+    static: Mapping
+    capacity: float
+    micro_batches: int
+    reserved: float = 0.0
+    _order: tuple = field(init=False, repr=False, compare=False)
+    _stages: dict = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        if isinstance(self.kinds, (str, bytes)) or not hasattr(self.kinds, "__iter__"):
+            raise ValueError(f"kinds must be a sequence of layer kinds, got {type(self.kinds).__name__}")
+        kinds = tuple(self.kinds)
+        object.__setattr__(self, "kinds", kinds)
+        if not kinds:
+            raise ValueError("kinds must list at least one layer")
+        if not hasattr(self.fronts, "__getitem__") or not hasattr(self.static, "__getitem__"):
+            raise ValueError("fronts and static must be mappings from kind")
+        order: list[Hashable] = []
+        seen: set = set()
+        for i, kind in enumerate(kinds):
+            try:
+                if kind not in seen:
+                    seen.add(kind)
+                    order.append(kind)
+            except TypeError:
+                raise ValueError(f"kinds[{i}] is not hashable: {kind!r}") from None
+        for kind in order:
+            if kind not in self.fronts:
+                raise ValueError(f"kind {kind!r} is missing from fronts")
+            if kind not in self.static:
+                raise ValueError(f"kind {kind!r} is missing from static")
+            value = check_number(self.static[kind], f"static[{kind!r}]")
+            if value < 0:
+                raise ValueError(f"static[{kind!r}] must be >= 0, got {value!r}")
+        if len(kinds) > MAX_LAYERS:
+            raise ValueError(f"kinds: {len(kinds):,} layers is over the limit of {MAX_LAYERS:,}")
+        check_number(self.capacity, "capacity")
+        check_number(self.reserved, "reserved")
+        if self.capacity <= 0:
+            raise ValueError(f"capacity must be > 0 bytes, got {self.capacity!r}")
+        if not 0 <= self.reserved < self.capacity:
+            raise ValueError(f"reserved must be >= 0 and below capacity ({self.capacity!r}), got {self.reserved!r}")
+        check_int(self.micro_batches, "micro_batches", 1)
+        if self.micro_batches > MAX_IN_FLIGHT:
+            raise ValueError(f"micro_batches must be at most {MAX_IN_FLIGHT:,}, got {self.micro_batches!r}")
+        object.__setattr__(self, "_order", tuple(order))
+        object.__setattr__(self, "_stages", {})
+
+    @property
+    def layers(self) -> int:
+        """Number of layers."""
+        return len(self.kinds)
+
+    @property
+    def kind_order(self) -> tuple:
+        """Distinct kinds in order of first appearance in the model."""
+        return self._order
+
+    def default_in_flight(self, stages: int) -> list[list[int]]:
+        """1F1B: stage s of P keeps ``min(P - s, M)`` micro-batches in flight."""
+        return [[min(stages - s, self.micro_batches)] for s in range(stages)]
+
+    def in_flight_table(self, stages: int, chunks: int, in_flight: Any = None) -> list[list[int]]:
+        """Validated in-flight counts ``[stage][chunk]``."""
+        check_int(chunks, "chunks", 1)
+        if in_flight is None:
+            if chunks > 1:  # Megatron's interleaved schedule: the peak micro-batches alive per chunk
+                return in_flight_table(stages, chunks, self.micro_batches)
+            return self.default_in_flight(stages)
+        table = [list(row) if isinstance(row, (Sequence, np.ndarray)) else [row] for row in in_flight]
+        if len(table) != stages or any(len(row) != chunks for row in table):
+            raise ValueError(f"in_flight must have {stages} rows of {chunks} counts (stages x chunks)")
+        for s, row in enumerate(table):
+            for c, k in enumerate(row):
+                check_int(k, f"in_flight[{s}][{c}]", 1)
+                if k > MAX_IN_FLIGHT:
+                    raise ValueError(f"in_flight[{s}][{c}] must be at most {MAX_IN_FLIGHT:,}, got {k!r}")
+        return [[int(k) for k in row] for row in table]
+
+    def check_counts(self, counts: Any, chunks: int = 1) -> list[int]:
+        """Validate one split: counts >= 1 summing to the layer count, P * chunks of them."""
+        check_int(chunks, "chunks", 1)
+        if isinstance(counts, (str, bytes)) or not hasattr(counts, "__iter__"):
+            raise ValueError(f"counts must be a sequence of layer counts, got {type(counts).__name__}")
+        counts = [int(n) if isinstance(n, (int, np.integer)) and not isinstance(n, bool) else n for n in counts]
+        if not counts or len(counts) % chunks:
+            raise ValueError(f"counts must have a positive multiple of chunks={chunks} entries, got {len(counts)}")
+        for s, n in enumerate(counts):
+            if not isinstance(n, int) or n < 1:
+                raise ValueError(f"counts[{s}] must be an integer >= 1, got {n!r}")
+        if sum(counts) != self.layers:
+            raise ValueError(f"counts sum to {sum(counts)}, the model has {self.layers} layers")
+        return counts
+
+    def segment_groups(self, start: int, stop: int, in_flight: int) -> list[Layers]:
+        """Groups of layers ``start:stop``: one per kind, in order of first appearance."""
+        return [Layers(kind, n, in_flight) for kind, n in kind_counts(self.kinds[start:stop])]
+
+    def budget_of(self, groups: Sequence[Layers]) -> float:
+        """``capacity - reserved - static bytes of the groups' layers``."""
+        static = 0.0
+        for g in groups:
+            static += g.count * float(self.static[g.kind])
+        return self.capacity - self.reserved - static
+
+    def stages(self, counts: Sequence[int], in_flight: Any = None, chunks: int = 1) -> list[Stage]:
+        """The stages of a split, as the contract builds them."""
+        counts = self.check_counts(counts, chunks)
+        p = len(counts) // chunks
+        table = self.in_flight_table(p, chunks, in_flight)
+        bounds = list(accumulate(counts, initial=0))
+        out = []
+        cache = self._stages
+        if len(cache) > STAGE_CACHE:
+            cache.clear()
+        for s in range(p):
+            key = tuple((bounds[c * p + s], bounds[c * p + s + 1], table[s][c]) for c in range(chunks))
+            stage = cache.get(key)
+            if stage is None:  # equal segments share one Stage object (rank dedups objects first)
+                groups = [g for a, b, k in key for g in self.segment_groups(a, b, k)]
+                stage = cache[key] = Stage(groups, self.budget_of(groups))
+            out.append(stage)
+        return out
+
+    def plan(self, counts: Sequence[int], bucket: float | None = None, in_flight: Any = None,
+             chunks: int = 1) -> list[str | None] | None:
+        """Every layer's chosen option name in model order, or None if infeasible.
+
+        Within a stage (chunk), a kind's layers take its chosen options slowest first.
+        """
+        stages = self.stages(counts, in_flight, chunks)
+        choice = pp_lite(stages, self.fronts, MEGABYTE if bucket is None else bucket)
+        return None if choice is None else self.option_names(counts, choice, in_flight, chunks)
+
+    def option_names(self, counts: Sequence[int], choice: Any, in_flight: Any = None,
+                     chunks: int = 1) -> list[str]:
+        """Every layer's option name in model order for a solved split (``choice`` a
+        PipelineChoice of ``self.stages(counts, in_flight, chunks)``); within a stage
+        (chunk), a kind's layers take its chosen options slowest first."""
+        p = len(counts) // chunks
+        queues: dict[tuple, list] = {}
+        for s, sc in enumerate(choice.stages):
+            for a in sc.assignments:
+                key = (s, a.layers.kind, a.layers.in_flight)
+                queues.setdefault(key, []).extend([getattr(a.option, "name", str(a.option))] * a.count)
+        table = self.in_flight_table(p, chunks, in_flight)
+        names: list[str] = []
+        bounds = np.concatenate(([0], np.cumsum(counts))).tolist()
+        for c in range(chunks):
+            for s in range(p):
+                i = c * p + s
+                for kind in self.kinds[bounds[i]:bounds[i + 1]]:
+                    names.append(queues[(s, kind, table[s][c])].pop(0))
+        return names
+
+    def check_splits(self, splits: Any, chunks: int = 1, where: Any = None) -> np.ndarray:
+        """Validate an integer array ``[B, P * chunks]`` of layer counts.
+
+        Errors name a row as ``where(row)`` (default ``"splits row i"``)."""
+        where = where or (lambda row: f"splits row {row}")
+        check_int(chunks, "chunks", 1)
+        try:
+            arr = np.asarray(splits)
+        except (ValueError, TypeError):
+            raise ValueError("splits must be a 2-D integer array [B, P*chunks] (rows of equal length)") from None
+        if arr.ndim != 2 or arr.shape[1] == 0 or arr.shape[1] % chunks:
+            raise ValueError(f"splits must be a 2-D integer array [B, P*chunks], got shape {arr.shape}")
+        if arr.dtype.kind not in "iu":
+            if arr.dtype.kind == "f" and np.isfinite(arr).all() and (arr == np.round(arr)).all():
+                arr = np.clip(arr, -1, self.layers + 1).astype(np.int64)  # out-of-range counts stay out of range
+            else:
+                raise ValueError(f"splits must hold integer layer counts, got dtype {arr.dtype}")
+        elif arr.dtype.kind == "u" or arr.dtype.itemsize > 8:
+            arr = np.clip(arr, 0, self.layers + 1)
+        arr = arr.astype(np.int64, copy=False)
+        bad = np.flatnonzero(arr.min(axis=1, initial=1) < 1) if arr.size else np.empty(0, np.int64)
+        if len(bad):
+            row = int(bad[0])
+            raise ValueError(f"{where(row)} has a count < 1: {arr[row].tolist()}")
+        arr = np.minimum(arr, self.layers + 1)  # no int64 overflow in the sums below
+        sums = arr.sum(axis=1)
+        bad = np.flatnonzero(sums != self.layers)
+        if len(bad):
+            row = int(bad[0])
+            raise ValueError(f"{where(row)} sums to {int(sums[row])}, the model has {self.layers} layers")
+        return arr
+
+    def rank(self, splits: Any, bucket: float | None = None, backend: Any = "auto",
+             in_flight: Any = None, chunks: int = 1, max_bytes: int | None = None) -> Ranking:
+        """Score every row of ``splits`` (``[B, P]`` layer counts) as ``pp_lite(self.stages(row))``.
+
+        Rows are packed straight into the batch: each distinct (stage, start,
+        end) segment becomes one stage problem, solved once.
+        """
+        bucket = check_bucket(MEGABYTE if bucket is None else bucket)
+        get_backend(backend)  # a bad backend or max_bytes fails whatever the data
+        if max_bytes is not None:
+            check_max_bytes(max_bytes)
+        arr = self.check_splits(splits, chunks)
+        batch, width = arr.shape
+        p = width // chunks
+        table = self.in_flight_table(p, chunks, in_flight)
+
+        plan = Planner(self.fronts, bucket)  # choices of many rows share their stages
+
+        def rebuild(i):
+            return plan(self.stages(arr[i].tolist(), in_flight, chunks))
+
+        if chunks > 1:  # devices hold several chunks: one stage problem per distinct (stage, segments)
+            return rank_interleaved(self, arr, p, chunks, table, bucket, backend, max_bytes, rebuild)
+        return rank_plain(self, arr, p, table, bucket, backend, max_bytes, rebuild)

@@ -1,0 +1,153 @@
+"""The certified rounds: one driver for every score's exact top-k search.
+
+A search never builds the whole table of segment times.  Every layer takes
+at least its fastest option's time, so a segment whose fastest options alone
+take more than a limit ``tau`` can be left out of the table: a split using
+one has a stage slower than ``tau``, and its score is at least what the
+score calls its *reach* at ``tau``.  Each round:
+
+1. the driver yields a limit; the caller builds the table of the segments
+   under it (:class:`gpuknap.search._plain.SegmentSource`, or the chunk tuples
+   of an interleaved search) and sends it back;
+2. the score finds its exact top k on that table (:meth:`Score.top`);
+3. if the table left nothing out, or the k-th score found is within the
+   reach of the limit, no split left out can enter the top k: the answer is
+   certified and returned.  Otherwise the next limit is the one whose reach
+   covers the k-th score found (so a second round always ends the search),
+   or, with fewer than k splits found, the limit grows by a fifth.
+
+The first limit is a little over the least the slowest stage can take (``F /
+P``, with ``F`` every layer's fastest time summed, or the slowest single
+layer).  Most searches end in one round on far fewer segments than the table.
+
+A *score* plugs in by three things (:class:`Score`): its exact top k on a
+(pruned) table, its reach at a limit, and the inverse of its reach; a score
+whose exact top k is costly may also give a cheap upper bound on its k-th
+best (``upper``), and a table that cannot certify it is then not searched.  The
+scores are ``slowest`` (:mod:`._slowest`), ``1f1b`` (:mod:`._closed_form`)
+and ``simulated`` (:mod:`._simulated`); the interleaved search plugs its
+per-stage tuple tables into the same driver.  Because the driver is a
+generator, many searches can advance in lockstep and share one solve per
+round (:mod:`gpuknap.sweep`); :func:`run_rounds` drives one search alone.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Generator, Protocol, Sequence
+
+import numpy as np
+
+from ..engine import FrontTable, Solved, solve_problems
+
+#: Growth of the segment-time limit between rounds when fewer than k splits were found.
+LIMIT_GROWTH = 1.2
+#: Relative margin kept between a certified score and what pruned segments can reach.
+MARGIN = 1e-9
+
+
+class Score(Protocol):
+    """What a score tells the certified rounds."""
+
+    #: False when the reach does not grow with the limit (the whole table must be searched at once).
+    prunes: bool
+
+    def top(self, table: Any, k: int) -> list[tuple]:
+        """The exact best ``k`` splits on ``table`` as ``(counts, score)``, best first, ties by counts."""
+
+    def reach(self, limit: float) -> float:
+        """A lower bound on the score of any split using a segment whose fastest options take
+        more than ``limit``."""
+
+    def limit_for(self, score: float) -> float:
+        """The least limit whose reach is ``score`` (the inverse of :meth:`reach`)."""
+
+    # Optional: ``upper(table, k) -> float``, an upper bound on the k-th best score of the
+    # splits in ``table`` (``inf`` when it holds fewer than k), cheaper than ``top``.
+
+
+class Found(list):
+    """The splits found, best first; ``exact`` says whether they are proven the best,
+    ``lower_bound`` is a lower bound on the best score (the first score when exact)."""
+
+    exact: bool = True
+    lower_bound: float = math.nan
+
+
+def first_limit(fastest: np.ndarray, stages: int) -> float:
+    """The first round's limit: a little over ``F / P`` or the slowest single layer, from the
+    prefix sums ``fastest`` of every layer's fastest time."""
+    total = float(fastest[-1])
+    return max(total / stages, float(np.diff(fastest).max(initial=0.0))) * 1.1
+
+
+def certified_rounds(score: Score, first: float, total: float, top: int) -> Generator[float, Any, list]:
+    """The driver (see the module docstring): yields each round's limit, is sent that round's
+    table, returns the certified top ``top``.  ``total``: every layer's fastest time summed
+    (limits above twice it leave nothing out, so they become infinite)."""
+    limit = first if score.prunes else math.inf
+    while True:
+        if not math.isfinite(limit) or limit > total * 2:
+            limit = math.inf
+        table = yield limit
+        upper = getattr(score, "upper", None)
+        if table.pruned and upper is not None:  # a cheap k-th best first: skip tables that cannot certify
+            bound = upper(table, top)
+            if not math.isfinite(bound):  # fewer than k splits in this table
+                limit *= LIMIT_GROWTH
+                continue
+            if bound * (1 + 1e-6) > score.reach(limit) * (1 - MARGIN) * (1 + 1e-6):
+                limit = max(score.limit_for(bound * (1 + 1e-6)), limit * (1 + 1e-6))
+                continue
+        found = score.top(table, top)
+        if not table.pruned:
+            return found
+        if len(found) < top:
+            limit *= LIMIT_GROWTH
+            continue
+        kth = found[-1][1] * (1 + 1e-6)  # k splits score at most this: the next limit certifies it
+        if kth <= score.reach(limit) * (1 - MARGIN) * (1 + 1e-6):
+            return found
+        limit = max(score.limit_for(kth), limit * (1 + 1e-6))
+
+
+#: One round's request to the engine: the problems of one front table (and their verdicts).
+Request = tuple  # (FrontTable, problems, verdicts)
+
+
+class Source(Protocol):
+    """Tables of one search at any limit, built in two halves so that many searches can share
+    one solve: :meth:`plan` lists the problems a limit needs, :meth:`fill` takes their times."""
+
+    def plan(self, limit: float) -> Sequence[Request]:
+        """The stage problems the table at ``limit`` needs, per front table."""
+
+    def fill(self, values: Sequence[np.ndarray]) -> Any:
+        """The table, from the solved times of the last :meth:`plan`'s problems."""
+
+
+class Solver:
+    """Solves the requests of one search's rounds; problems solved in an earlier round
+    (with the same front table) are not solved again."""
+
+    def __init__(self, backend: Any, max_bytes: int | None):
+        self.backend, self.max_bytes = backend, max_bytes
+        self._known: dict[int, tuple[FrontTable, Solved]] = {}
+
+    def __call__(self, requests: Sequence[Request]) -> list[np.ndarray]:
+        out = []
+        for fronts, problems, verdicts in requests:
+            _, known = self._known.setdefault(id(fronts), (fronts, Solved()))
+            out.append(solve_problems(problems, fronts, self.backend, self.max_bytes, verdicts, known))
+        return out
+
+
+def run_rounds(rounds: Generator[float, Any, list], source: Source,
+               solve: Callable[[Sequence[Request]], list]) -> list:
+    """Drive one search's rounds to their certified answer."""
+    limit = next(rounds)
+    while True:
+        table = source.fill(solve(source.plan(limit)))
+        try:
+            limit = rounds.send(table)
+        except StopIteration as done:
+            return done.value

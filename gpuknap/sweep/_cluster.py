@@ -1,0 +1,66 @@
+"""A sweep sharded over the workers of an existing Dask cluster (``pip install 'gpuknap[cluster]'``).
+
+Configurations are cut into shards; each shard is one task that runs the
+in-process sweep (:func:`gpuknap.sweep._run.run_configs`, handed over by the caller) on its worker, with the
+worker's own backend (CuPy where it has a GPU).  A task lost with its worker is
+rerun (Dask's ``retries``); any task that still fails fails the whole sweep, so
+a partial result is never returned as complete.  Each configuration's rows do
+not depend on which shard it is in, so the rows equal the in-process sweep's.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ..engine import report
+
+#: Times a shard is retried after its worker died or it raised.
+RETRIES = 2
+
+
+def _distributed() -> Any:
+    try:
+        import distributed
+    except ImportError:
+        raise ValueError("a sweep on a Dask cluster (scheduler=, --scheduler) needs dask.distributed: "
+                         "pip install 'gpuknap[cluster]'") from None
+    return distributed
+
+
+def _shard(run: Callable, configs: list, builder: Callable, kwargs: dict) -> tuple:
+    """One task: the in-process sweep of some configurations."""
+    return run(configs, builder, **kwargs)
+
+
+def run_on_cluster(scheduler: Any, run: Callable, configs: list, builder: Callable, kwargs: dict,
+                   shards: int | None = None) -> tuple[list, list]:
+    """``(rows, skipped)`` of ``configs``, sharded over the cluster at ``scheduler`` (an
+    address such as ``tcp://host:8786``, or a ``distributed.Client``); each shard runs
+    ``run(configs, builder, **kwargs)`` on a worker."""
+    distributed = _distributed()
+    own = not isinstance(scheduler, distributed.Client)
+    if own:
+        if not isinstance(scheduler, str) or not scheduler:
+            raise ValueError(f"scheduler must be an address such as 'tcp://host:8786' or a distributed.Client, "
+                             f"got {scheduler!r}")
+        try:
+            client = distributed.Client(scheduler, timeout="10s")
+        except (OSError, TimeoutError) as exc:
+            raise ValueError(f"scheduler {scheduler}: cannot connect ({exc})") from None
+    else:
+        client = scheduler
+    try:
+        workers = max(len(client.scheduler_info().get("workers", {})), 1)
+        count = max(1, min(len(configs), shards if shards else 2 * workers))
+        parts = [configs[i::count] for i in range(count)]
+        futures = [client.submit(_shard, run, part, builder, kwargs, retries=RETRIES, pure=False) for part in parts]
+        rows: list = []
+        skipped: list = []
+        for done, future in enumerate(distributed.as_completed(futures), 1):
+            part_rows, part_skipped = future.result()  # raises if the shard failed after its retries
+            rows += part_rows
+            skipped += part_skipped
+            report("shards", done, count)
+        return rows, skipped
+    finally:
+        if own:
+            client.close()

@@ -1,0 +1,195 @@
+"""Running a sweep's configurations: every configuration's certified search in lockstep.
+
+Each configuration is a whole-model search (:func:`gpuknap.best_splits`); run
+one by one, their stage problems overlap heavily (the same layers, in-flight
+count and budget recur across P, M and v).  Here every configuration's
+certified rounds (:func:`gpuknap.search.certified_rounds`, on the same table
+sources ``best_splits`` uses) advance together: each round, the stage problems
+of all configurations still searching are deduplicated across configurations
+and solved in ONE engine call per distinct set of options, then each
+configuration's split search runs on its own table.  Results are exactly
+those of ``best_splits`` run alone.
+
+Interleaved configurations of models that are not one kind between their
+first and last layer use the local search one configuration at a time.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import numpy as np
+
+from ..engine import PipelineChoice, Planner, report
+from ..schedule import chunk_times, iteration_times
+from ..search import (
+    SegmentSource,
+    Solver,
+    TupleSource,
+    best_interleaved,
+    coverage,
+    fastest_prefix,
+    front_table,
+    interleaved_counts,
+    interleaved_rounds,
+    kind_index,
+    one_body_kind,
+)
+
+#: Scores a sweep can search by (every row carries its simulated iteration time anyway).
+SCORES = ("slowest", "1f1b")
+
+
+class _Job:
+    """One configuration's certified search, advanced a round at a time."""
+
+    def __init__(self, config: dict, model: Any, bucket: float, score: str, top: int, cache: dict):
+        self.config, self.model, self.score = config, model, score
+        self.p, self.v = config["stages"], config["interleave"]
+        self.found: list | None = None
+        if self.v == 1:
+            self.source: Any = SegmentSource(model, self.p, bucket, cache=cache)
+            self.fronts = self.source.tables[0]
+            self.rounds = self.source.rounds(score, top)
+        else:
+            self.fronts = front_table(model.fronts, bucket, cache=cache)
+            fastest = fastest_prefix(model, self.fronts, kind_index(model), 1)
+            self.source = TupleSource(model, self.p, self.v, model.in_flight_table(self.p, self.v), self.fronts,
+                                      fastest)
+            self.rounds = interleaved_rounds(self.source, self.p, self.v, top, score, model.micro_batches)
+        self.limit = next(self.rounds)
+
+    def plan(self) -> list:
+        return self.source.plan(self.limit)
+
+    def step(self, values: list) -> bool:
+        """Give the round's solved times; True when the search is done."""
+        try:
+            self.limit = self.rounds.send(self.source.fill(values))
+            return False
+        except StopIteration as done:
+            self.found = done.value if self.v == 1 else interleaved_counts(done.value, self.source, self.p, self.v,
+                                                                           self.score)
+            return True
+
+
+def _joint(jobs: list, backend: Any, max_bytes: int | None) -> None:
+    """Run every job's rounds; each round, the problems of all jobs still searching are
+    deduplicated across jobs and solved together: one engine call per distinct set of
+    options (jobs whose options are equal, whatever their P, M or budgets, share one
+    front table and so DP chains; keeping different options apart keeps each batch's rows
+    of similar width).  Problems solved in an earlier round are not solved twice."""
+    solve = Solver(backend, max_bytes)
+    active = list(jobs)
+    while active:
+        batches: dict[int, tuple] = {}  # id(front table) -> (front table, problem index, problems, verdicts)
+        where = []
+        for job in active:
+            spots = []
+            for fronts, problems, verdicts in job.plan():
+                _, index, merged, judged = batches.setdefault(id(fronts), (fronts, {}, [], []))
+                local = np.empty(len(problems), dtype=np.int64)
+                for i, (problem, how) in enumerate(zip(problems, verdicts)):
+                    at = index.get(problem)
+                    if at is None:
+                        at = index[problem] = len(merged)
+                        merged.append(problem)
+                        judged.append(how)
+                    local[i] = at
+                spots.append((id(fronts), local))
+            where.append(spots)
+        keys = list(batches)
+        solved = dict(zip(keys, solve([(fronts, merged, judged) for fronts, _, merged, judged in
+                                       (batches[k] for k in keys)])))
+        active = [job for job, spots in zip(active, where) if not job.step([solved[k][local] for k, local in spots])]
+        report("configurations", len(jobs) - len(active), len(jobs))
+
+
+def run_configs(configs: list, builder: Callable, *, global_batch: int, score: str, top: int, bucket: float,
+                backend: Any, max_bytes: int | None, time_unit: float, tokens: Any) -> tuple[list, list]:
+    """Rows of ``configs`` in process (what each Dask worker runs on its shard):
+    ``(rows, skipped)``, skipped holding configurations whose model cannot be built."""
+    jobs, alone, skipped, models, cache = [], [], [], {}, {}
+    for config in configs:
+        try:
+            model = builder(dict(config))
+            if config["stages"] * config["interleave"] > model.layers:
+                raise ValueError(f"{config['stages']} stages x {config['interleave']} chunks is more than the "
+                                 f"model's {model.layers} layers")
+            model.in_flight_table(config["stages"], config["interleave"])
+        except ValueError as exc:
+            skipped.append({"config": config, "reason": str(exc)})
+            continue
+        models[id(config)] = model
+        if config["interleave"] > 1 and not one_body_kind(model):
+            alone.append(config)
+        else:
+            jobs.append(_Job(config, model, bucket, score, top, cache))
+    _joint(jobs, backend, max_bytes)
+    rows = []
+    planners: dict[int, Planner] = {}  # one per front table: equal stages of several configurations solved once
+    for job in jobs:
+        plan = planners.setdefault(id(job.fronts), Planner(job.model.fronts, bucket, table=job.fronts))
+        rows += _rows(job.config, job.found, job.model, plan, job.v, True, bucket)
+    for config in alone:  # interleaved, not one kind between the first and last layer: local search
+        model = models[id(config)]
+        found = best_interleaved(model, config["stages"], config["interleave"], top, score, bucket, backend,
+                                 None, max_bytes)
+        plan = Planner(model.fronts, bucket)
+        rows += _rows(config, found, model, plan, config["interleave"], False, bucket)
+    _simulate_rows(rows, global_batch, time_unit, tokens)
+    return rows, skipped
+
+
+def _rows(config: dict, found: list, model: Any, plan: Planner, v: int, exact: bool, bucket: float) -> list:
+    """Rows of one configuration, their simulated times still to fill (:func:`_simulate_rows`)."""
+    if not found:
+        held = coverage(model, config["stages"], bucket) if v == 1 else None
+        return [{"config": config, "rank": 1, "counts": None, "score": None, "iteration_time": None,
+                 "throughput": None, "peak_memory_bytes": None, "feasible": False, "exact": exact,
+                 "coverable_layers": held, "layers": model.layers}]
+    out = []
+    for i, (counts, value) in enumerate(found):
+        stages = model.stages(list(counts), None, v)
+        choices = [plan.stage(st) for st in stages]
+        choice = PipelineChoice(tuple(choices), tuple(c.time + st.fixed_time for c, st in zip(choices, stages)))
+        peak = [model.capacity - model.reserved - st.budget + sc.memory for st, sc in zip(stages, choices)]
+        names = model.option_names(counts, choice, None, v)
+        out.append({"config": config, "rank": i + 1, "counts": [int(c) for c in counts], "score": float(value),
+                    "iteration_time": None, "throughput": None, "peak_memory_bytes": peak, "feasible": True,
+                    "exact": exact, "_times": chunk_times(model, counts, names, v)})
+    return out
+
+
+def _simulate_rows(rows: list, global_batch: int, time_unit: float, tokens: Any) -> None:
+    """Fill every feasible row's simulated iteration time and throughput: one batched
+    simulation per (stages, chunks, micro-batches)."""
+    groups: dict[tuple, list] = {}
+    for r in rows:
+        if r["feasible"]:
+            c = r["config"]
+            groups.setdefault((c["stages"], c["interleave"], c["micro_batches"]), []).append(r)
+    for (p, v, m), members in groups.items():
+        fwd = np.array([r["_times"].forward for r in members], dtype=np.float64)
+        bwd = np.array([r["_times"].backward for r in members], dtype=np.float64)
+        times = iteration_times(fwd, bwd, m, "interleaved" if v > 1 else "1f1b")
+        for r, t in zip(members, times.tolist()):
+            del r["_times"]
+            samples = global_batch / (t * time_unit) if t > 0 else math.inf
+            r["iteration_time"] = t
+            r["throughput"] = {"samples_per_second": samples,
+                               "tokens_per_second": None if tokens is None else samples * tokens}
+
+
+def order_rows(rows: list, configs: list) -> list:
+    """Feasible rows by throughput (highest first), then the infeasible; ties by the
+    configuration's place in the grid, then the split's rank."""
+    place = {tuple(sorted(c.items())): i for i, c in enumerate(configs)}
+
+    def key(r: dict) -> tuple:
+        speed = r["throughput"]["samples_per_second"] if r["feasible"] else -math.inf
+        return (-speed, place.get(tuple(sorted(r["config"].items())), 0), r["rank"])
+
+    return sorted(rows, key=key)
+
+

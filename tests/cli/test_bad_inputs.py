@@ -1,0 +1,436 @@
+"""Bad and hostile inputs: every one gets exit 2 and one line naming the file or flag and
+the field (CLI, as a subprocess with bounded memory and time), or a ValueError (API).
+
+Each case builds its files in a temporary folder, runs ``gpuknap ARGS`` and
+checks: exit code 2, stderr exactly one line starting ``gpuknap: error:``
+and containing every expected word (``{f}`` stands for the case's file),
+no traceback, done within a few seconds.  Cases with an ``api`` call make
+the same mistake through the Python API and expect a ``ValueError``.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import resource
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+from paths import EXAMPLES, PACKAGED
+
+from gpuknap import (
+    BackendUnavailable,
+    LayerOption,
+    PipelineModel,
+    best_splits,
+    least_times,
+)
+from gpuknap.formats import load_spec, sapp_ppb
+
+DEMO = os.path.join(EXAMPLES, "demo.json")
+LLAMA = os.path.join(EXAMPLES, "llama2_70b.json")
+GOOD_ROW = "4,5,6,6,6,6,6,6,6,6,7,7,7,7,7,6"
+with open(os.path.join(EXAMPLES, "llama2_7b_config.json")) as _fh:
+    LLAMA_CONFIG = json.load(_fh)
+#: Address-space limit of each CLI run: generous for NumPy, far below what a runaway allocation takes.
+MEMORY_LIMIT = 3 * 2**30
+SECONDS = 15
+
+
+def demo() -> dict:
+    with open(DEMO) as fh:
+        return json.load(fh)
+
+
+def profile() -> dict:
+    with open(PACKAGED) as fh:
+        return json.load(fh)
+
+
+def edited(edit: Callable[[dict], Any], base: Callable[[], dict] = demo) -> Callable[[], str]:
+    def make() -> str:
+        data = copy.deepcopy(base())
+        edit(data)
+        return json.dumps(data)
+    return make
+
+
+def text(content: str | bytes) -> Callable[[], str | bytes]:
+    return lambda: content
+
+
+def yaml_bomb() -> str:
+    lines = ['a: &a ["x", "x", "x", "x", "x", "x", "x", "x", "x"]']
+    for prev, name in zip("abcdefgh", "bcdefghi"):
+        lines.append(f"{name}: &{name} [" + ", ".join([f"*{prev}"] * 9) + "]")
+    return "\n".join(lines + ["name: *i"]) + "\n"
+
+
+def big_model() -> str:
+    return json.dumps({"layers": [{"kind": "L", "count": 100_000}],
+                       "kinds": {"L": {"static": "10 MB", "options": [
+                           {"name": "A", "memory": "10 MB", "forward": 1, "backward": 2},
+                           {"name": "B", "memory": "1 MB", "forward": 1, "backward": 3}]}},
+                       "device": {"capacity": "80 GiB"}, "pipeline": {"micro_batches": 4, "stages": 4}})
+
+
+def interleaved() -> str:
+    data = demo()
+    data["pipeline"] = {"stages": 2, "micro_batches": 8, "interleave": 2, "in_flight": [[2, 2], [1, 1]]}
+    return json.dumps(data)
+
+
+@dataclass
+class Case:
+    """One bad input: files to write, the command line, words stderr must contain, an API twin."""
+
+    name: str
+    argv: list
+    words: list
+    files: dict = field(default_factory=dict)  # file name -> content maker
+    api: Callable[[dict], Any] | None = None  # paths -> call that must raise ValueError
+
+
+def spec_case(name, make, words, *, args=(), suffix=".json", api=True) -> Case:
+    """A spec file ``f`` run through ``gpuknap best f``; the API loads it with ``load_spec``."""
+    fname = "spec" + suffix
+    return Case(name, ["best", "{f}", *args], ["{f}", *words], {fname: make},
+                (lambda p: load_spec(p[fname])) if api else None)
+
+
+def rank_case(name, rows, words, *, spec=DEMO, suffix=".csv", api=True) -> Case:
+    fname = "splits" + suffix
+    return Case(name, ["rank", spec, "--splits", "{f}"], ["{f}", *words], {fname: rows},
+                (lambda p: load_spec(spec).model.rank(_read_rows(p[fname]), backend="numpy")) if api else None)
+
+
+def _read_rows(path: str) -> Any:
+    if path.endswith(".npy"):
+        return np.load(path, allow_pickle=False)
+    with open(path) as fh:
+        return [[int(x) for x in line.split(",")] for line in fh if line.strip() and not line.startswith("#")]
+
+
+def flag_case(name, argv, words, api=None) -> Case:
+    return Case(name, argv, words, {}, api)
+
+
+CASES = [
+    # 1. unknown keys, at every depth, with the nearest known name suggested
+    spec_case("device.reserverd", edited(lambda d: d["device"].update(reserverd="70 GiB")),
+              ["device", "'reserverd'", "did you mean 'reserved'"]),
+    spec_case("device.capcity", edited(lambda d: d["device"].update(capcity="1 GiB")),
+              ["device", "'capcity'", "did you mean 'capacity'"]),
+    spec_case("pipeline.interleve", edited(lambda d: d["pipeline"].update(interleve=2)),
+              ["pipeline", "did you mean 'interleave'"]),
+    spec_case("pipeline.micro_batch", edited(lambda d: d["pipeline"].update(micro_batch=2)),
+              ["pipeline", "did you mean 'micro_batches'"]),
+    spec_case("layers[0].cnt", edited(lambda d: d["layers"][0].update(cnt=2)), ["layers[0]", "did you mean 'count'"]),
+    spec_case("kinds.BODY.statik", edited(lambda d: d["kinds"]["BODY"].update(statik=1)),
+              ["kinds.BODY", "did you mean 'static'"]),
+    spec_case("option.forwrd", edited(lambda d: d["kinds"]["BODY"]["options"][0].update(forwrd=1)),
+              ["kinds.BODY.options[0]", "did you mean 'forward'"]),
+    spec_case("top-level nme", edited(lambda d: d.update(nme="x")), ["(top level)", "did you mean 'name'"]),
+    spec_case("transformer.hiden", edited(lambda d: d["transformer"].update(hiden=1), lambda: json.load(open(LLAMA))),
+              ["transformer", "did you mean 'hidden'"]),
+    spec_case("yaml device.reserverd", text("name: y\ntransformer: {preset: llama2-70b}\n"
+                                            "device: {capacity: 80 GiB, reserverd: 70 GiB}\n"
+                                            "pipeline: {stages: 8, micro_batches: 64}\n"),
+              ["device", "did you mean 'reserved'"], suffix=".yaml"),
+    Case("sapp entry memory_activaton",
+         ["best", "{f}", "--capacity", "56000MB", "--micro-batches", "32", "--stages", "16"],
+         ["{f}", "layers_description[1]", "did you mean 'memory_activation'"],
+         {"p.json": edited(lambda d: d["layers_description"][1].update(memory_activaton=1), profile)},
+         lambda p: sapp_ppb.load(p["p.json"], "56000MB", 32)),
+    # 2. inputs that used to reach a traceback
+    spec_case("count 10**30", edited(lambda d: d["layers"][1].update(count=10**30)), ["layers[1].count"]),
+    spec_case("count 10**9", edited(lambda d: d["layers"][1].update(count=10**9)), ["layers[1].count"]),
+    spec_case("count 1e30 float", edited(lambda d: d["layers"][1].update(count=1e30)), ["layers[1].count"]),
+    spec_case("nested 100,000 deep", text("[" * 100_000 + "]" * 100_000), ["nested"]),
+    spec_case("yaml alias bomb", text(yaml_bomb()), ["values"], suffix=".yaml"),
+    spec_case("NaN literal", text('{"name": NaN}'), ["NaN"]),
+    spec_case("capacity 10**400", edited(lambda d: d["device"].update(capacity=10**400)), ["device.capacity"]),
+    spec_case("micro_batches 10**30", edited(lambda d: d["pipeline"].update(micro_batches=10**30)),
+              ["pipeline.micro_batches"]),
+    spec_case("in_flight 10**30", edited(lambda d: d["pipeline"].update(stages=2, in_flight=[[10**30], [1]])),
+              ["pipeline.in_flight"]),
+    spec_case("in_flight a string", edited(lambda d: d["pipeline"].update(in_flight="16")), ["pipeline.in_flight"]),
+    spec_case("excess leaves negative memory",
+              edited(lambda d: d["kinds"]["BODY"]["options"][0].update(excess=[[1, "900 MB"]])),
+              ["kinds.BODY.options[0].excess[0]", "negative"]),
+    spec_case("excess not a list", edited(lambda d: d["kinds"]["BODY"]["options"][0].update(excess=5)),
+              ["kinds.BODY.options[0].excess"]),
+    spec_case("transformer hidden 10**30",
+              edited(lambda d: d["transformer"].update(hidden=10**30), lambda: json.load(open(LLAMA))),
+              ["transformer.hidden"]),
+    spec_case("transformer layers 2.5",
+              edited(lambda d: d["transformer"].update(layers=2.5), lambda: json.load(open(LLAMA))),
+              ["transformer.layers"]),
+    spec_case("huge forward time", edited(lambda d: d["kinds"]["BODY"]["options"][0].update(forward=1e250)),
+              ["kinds.BODY.options[0].forward"]),
+    spec_case("huge memory", edited(lambda d: d["kinds"]["BODY"]["options"][0].update(memory=1e300)),
+              ["kinds.BODY.options[0].memory"]),
+    Case("curve --points 100000000", ["curve", DEMO, "--stage", "1", "--counts", GOOD_ROW, "--points", "100000000"],
+         ["--points"]),
+    # 3. jobs too large: refused up front with the estimate and what to change
+    flag_case("--top 1000000000", ["best", "--top", "1000000000"], ["--top", "1,000"],
+              lambda p: best_splits(load_spec(DEMO).model, 16, top=10**9)),
+    flag_case("--max-work 1e5", ["best", DEMO, "--max-work", "1e5"], ["DP cells", "--bucket", "--max-work"]),
+    flag_case("--bucket 256B", ["best", DEMO, "--bucket", "256B"], ["DP row", "--bucket", "--max-memory"]),
+    Case("curve on 100,000 layers", ["curve", "{f}", "--stage", "0", "--counts", "25000,25000,25000,25000"],
+         ["DP cells", "--bucket"], {"big.json": big_model},
+         lambda p: least_times(load_spec(p["big.json"]).model.stages([25000] * 4)[0].groups,
+                               load_spec(p["big.json"]).model.fronts, 2**40)),
+    Case("best on 100,000 layers in 2,000 stages", ["best", "{f}", "--stages", "2000"], ["segments"],
+         {"big.json": big_model}, lambda p: best_splits(load_spec(p["big.json"]).model, 2000)),
+    flag_case("--max-work 0", ["best", "--max-work", "0"], ["--max-work"]),
+    flag_case("--max-memory 1", ["best", DEMO, "--max-memory", "1"], ["--max-memory"],
+              lambda p: best_splits(load_spec(DEMO).model, 16, max_bytes=1, backend="numpy")),
+    flag_case("--max-memory 8Mb", ["best", "--max-memory", "8Mb"], ["--max-memory", "bits"]),
+    # 4. errors blamed on the right place
+    flag_case("--stages 0", ["best", DEMO, "--stages", "0"], ["--stages"], lambda p: load_spec(DEMO, stages=0)),
+    flag_case("--stages 500", ["best", DEMO, "--stages", "500"], ["--stages", "98 layers"],
+              lambda p: best_splits(load_spec(DEMO).model, 500)),
+    spec_case("pipeline.stages 500", edited(lambda d: d["pipeline"].update(stages=500)), ["pipeline.stages"],
+              api=False),
+    flag_case("--micro-batches 0", ["best", DEMO, "--micro-batches", "0"], ["--micro-batches"],
+              lambda p: load_spec(DEMO, micro_batches=0)),
+    flag_case("--capacity -5GiB", ["best", DEMO, "--capacity=-5GiB"], ["--capacity"],
+              lambda p: load_spec(DEMO, capacity="-5 GiB")),
+    flag_case("--capacity 0", ["best", DEMO, "--capacity", "0"], ["--capacity"]),
+    flag_case("--bucket 0", ["best", DEMO, "--bucket", "0 MiB"], ["--bucket"], lambda p: load_spec(DEMO, bucket=0)),
+    spec_case("binary garbage", text(bytes(range(256)) * 8), ["not a text file"]),
+    spec_case("invalid UTF-8 yaml", text(b"name: \xff\xfe\n"), ["UTF-8"], suffix=".yaml"),
+    spec_case("NUL bytes", text(b'{"name": "a\x00"}'), ["NUL"]),
+    spec_case("empty file", text(""), ["not valid JSON"]),
+    spec_case("YAML syntax error", text("name: [unclosed\n"), ["not valid YAML"], suffix=".yaml"),
+    spec_case("top level a list", text("[1, 2]"), ["(top level)", "mapping"]),
+    spec_case("layers empty", edited(lambda d: d.update(layers=[])), ["layers"]),
+    spec_case("unknown kind", edited(lambda d: d["layers"][1].update(kind="BDY")), ["layers[1].kind", "BDY"]),
+    Case("spec is a directory", ["best", "{f}"], ["{f}", "directory"], {"dir/": None},
+         lambda p: load_spec(p["dir/"])),
+    flag_case("missing spec", ["best", "/nonexistent/spec.json"], ["/nonexistent/spec.json", "cannot read"],
+              lambda p: load_spec("/nonexistent/spec.json")),
+    rank_case("fake .npy", text(b"\x93NUMPY garbage"), ["not a .npy"], suffix=".npy", api=False),
+    rank_case("pickled .npy", lambda: _npy(np.array([[object()]], dtype=object)), [".npy"], suffix=".npy",
+              api=False),
+    rank_case("float .npy", lambda: _npy(np.full((2, 16), 6.5)), ["integer"], suffix=".npy"),
+    rank_case("CSV count < 1 on line 3", text(f"# splits\n{GOOD_ROW}\n" + ",".join(["0"] + ["7"] * 14 + ["14"]) + "\n"),
+              ["line 3", "count < 1"]),
+    rank_case("CSV ragged", text(f"{GOOD_ROW}\n1,2,95\n"), ["line 2 has 3 counts, line 1 has 16"]),
+    rank_case("CSV not integers", text("4,5,six\n"), ["line 1", "'six'"], api=False),
+    rank_case("CSV wrong sum", text(f"{GOOD_ROW}\n{GOOD_ROW[:-1]}7\n"), ["line 2", "sums to 99"]),
+    rank_case("CSV empty", text("# nothing\n"), ["no splits"], api=False),
+    rank_case("CSV huge count", text("9" * 30 + "\n"), ["line 1"], api=False),
+    rank_case("interleaved spec, plain CSV", text(GOOD_ROW + "\n"), ["16 counts", "needs 4"], spec="{i}", api=False),
+    Case("--counts wrong sum", ["curve", DEMO, "--stage", "0", "--counts", "1,2,3"], ["--counts", "sum"],
+         {}, lambda p: load_spec(DEMO).model.stages([1, 2, 3])),
+    Case("--stage out of range", ["curve", DEMO, "--stage", "16", "--counts", GOOD_ROW], ["--stage", "0..15"]),
+    # 5. silent no-ops and odd successes
+    Case("--plot at a directory", ["best", DEMO, "--plot", "{f}"], ["--plot", "directory"], {"out/": None}),
+    Case("--plot in a missing folder", ["best", DEMO, "--plot", "/nonexistent/dir/p.png"], ["--plot", "does not exist"]),
+    Case("--plot .txt", ["best", DEMO, "--plot", "p.txt"], ["--plot", ".png"]),
+    Case("--out in a missing folder", ["rank", DEMO, "--splits", "{f}", "--out", "/nonexistent/o.csv"],
+         ["--out", "does not exist"], {"s.csv": text(GOOD_ROW + "\n")}),
+    flag_case("--points 0", ["curve", DEMO, "--stage", "0", "--counts", GOOD_ROW, "--points", "0"], ["--points"]),
+    flag_case("--points 1", ["curve", DEMO, "--stage", "0", "--counts", GOOD_ROW, "--points", "1"], ["--points"]),
+    spec_case("reserved above capacity", edited(lambda d: d["device"].update(reserved="60000 MB")),
+              ["device.reserved"]),
+    flag_case("--capacity below reserved", ["best", LLAMA, "--capacity", "2 GiB"], ["reserved"],
+              lambda p: load_spec(LLAMA, capacity="2 GiB")),
+    spec_case("name not a string", edited(lambda d: d.update(name={"a": 1})), ["name", "string"]),
+    spec_case("option name not a string", edited(lambda d: d["kinds"]["BODY"]["options"][0].update(name=5)),
+              ["kinds.BODY.options[0].name"]),
+    spec_case("duplicate option names", edited(lambda d: d["kinds"]["BODY"]["options"][1].update(name="NONE")),
+              ["kinds.BODY.options[1].name", "'NONE'"]),
+    flag_case("bad --score", ["best", "--score", "fastest"], ["--score"],
+              lambda p: best_splits(load_spec(DEMO).model, 16, score="fastest")),
+    flag_case("--backend cuda", ["best", "--backend", "cuda"], ["--backend"],
+              lambda p: load_spec(DEMO).model.rank([[98]], backend="cuda")),
+    # 7. units: one binary rule; bits and ambiguous spellings refused
+    flag_case("--capacity 80 Gb", ["best", DEMO, "--capacity", "80 Gb"], ["--capacity", "bits"],
+              lambda p: load_spec(DEMO, capacity="80 Gb")),
+    flag_case("--capacity 56000 kB", ["best", DEMO, "--capacity", "56000 kB"], ["--capacity", "ambiguous"]),
+    flag_case("--bucket 1 mib", ["best", DEMO, "--bucket", "1 mib"], ["--bucket", "case"]),
+    flag_case("--bucket 1 mb", ["best", DEMO, "--bucket", "1 mb"], ["--bucket", "bits"]),
+    flag_case("--bucket 1 MIB", ["best", DEMO, "--bucket", "1 MIB"], ["--bucket", "case"]),
+    spec_case("memory 852 Mb", edited(lambda d: d["kinds"]["BODY"]["options"][0].update(memory="852 Mb")),
+              ["kinds.BODY.options[0].memory", "bits"]),
+    spec_case("forward 2 MS", edited(lambda d: d["kinds"]["BODY"]["options"][0].update(forward="2 MS")),
+              ["kinds.BODY.options[0].forward", "time unit"]),
+    # Hugging Face configs
+    Case("config without --seq", ["best", "{f}", "--capacity", "80GiB", "--micro-batches", "8", "--stages", "4"],
+         ["{f}", "--seq"], {"config.json": text(json.dumps(LLAMA_CONFIG))},
+         lambda p: load_spec(p["config.json"], capacity="80GiB", micro_batches=8)),
+    Case("MoE config without its expert fields", ["best", "{f}", "--capacity", "80GiB", "--micro-batches", "8",
+                                                  "--seq", "4096"], ["{f}", "num_experts_per_tok", "missing"],
+         {"config.json": text(json.dumps({**LLAMA_CONFIG, "model_type": "deepseek_v3"}))},
+         lambda p: load_spec(p["config.json"], capacity="80GiB", micro_batches=8, seq=4096)),
+    Case("config --tp 3", ["best", "{f}", "--capacity", "80GiB", "--micro-batches", "8", "--seq", "4096", "--tp", "3"],
+         ["{f}", "num_attention_heads", "--tp"], {"config.json": text(json.dumps(LLAMA_CONFIG))},
+         lambda p: load_spec(p["config.json"], capacity="80GiB", micro_batches=8, seq=4096, tensor_parallel=3)),
+    Case("config --ep 2 on a dense model", ["best", "{f}", "--capacity", "80GiB", "--micro-batches", "8", "--seq",
+                                            "4096", "--ep", "2"], ["--ep"], {"config.json": text(json.dumps(LLAMA_CONFIG))},
+         lambda p: load_spec(p["config.json"], capacity="80GiB", micro_batches=8, seq=4096, expert_parallel=2)),
+    Case("config with a bad field", ["best", "{f}", "--capacity", "80GiB", "--micro-batches", "8", "--seq", "4096"],
+         ["{f}", "vocab_size"], {"config.json": text(json.dumps({**LLAMA_CONFIG, "vocab_size": -1}))},
+         lambda p: load_spec(p["config.json"], capacity="80GiB", micro_batches=8, seq=4096)),
+    Case("MoE config, --ep not dividing the experts",
+         ["best", "{f}", "--capacity", "80GiB", "--micro-batches", "8", "--seq", "4096", "--ep", "3"],
+         ["{f}", "num_local_experts", "--ep"], {"config.json": lambda: open(os.path.join(EXAMPLES,
+                                                                                         "mixtral_8x7b_config.json")).read()},
+         lambda p: load_spec(p["config.json"], capacity="80GiB", micro_batches=8, seq=4096, expert_parallel=3)),
+    Case("unknown model_type", ["best", "{f}", "--capacity", "80GiB", "--micro-batches", "8", "--seq", "4096"],
+         ["{f}", "model_type", "'gpt2'"], {"config.json": text(json.dumps({**LLAMA_CONFIG, "model_type": "gpt2"}))},
+         lambda p: load_spec(p["config.json"], capacity="80GiB", micro_batches=8, seq=4096)),
+    flag_case("--seq on a spec", ["best", DEMO, "--seq", "4096"], ["--seq", "Hugging Face"],
+              lambda p: load_spec(DEMO, seq=4096)),
+    flag_case("--tp 0", ["best", DEMO, "--tp", "0"], ["--tp"]),
+    # training settings
+    flag_case("--emit bogus", ["best", "--emit", "bogus"], ["--emit"]),
+    flag_case("rank with neither --splits nor --from", ["rank", DEMO], ["--splits or --from"]),
+    spec_case("--emit mindformers with options it cannot run",
+              edited(lambda d: [o.update(name=f"OFFLOAD{i}") for i, o in enumerate(d["kinds"]["BODY"]["options"])]),
+              ["--emit mindformers", "kind 'BODY'", "mindformers runs"], args=("--emit", "mindformers"), api=False),
+    Case("rank --from with --plot", ["rank", DEMO, "--from", "{f}", "--plot", "p.png"], ["--plot", "--from"],
+         {"mf.yaml": text("parallel_config: {pipeline_stage: 16}\nmodel: {model_config: {num_layers: 96}}\n")}),
+    Case("rank --from a file of garbage", ["rank", DEMO, "--from", "{f}"], ["{f}", "pipeline_stage"],
+         {"mf.yaml": text("just: text\n")}),
+    # SAPP-PPB profiles
+    Case("sapp without --capacity", ["best", PACKAGED, "--stages", "16"], ["capacity"], {},
+         lambda p: load_spec(PACKAGED)),
+    Case("sapp bad type", ["best", "{f}", "--capacity", "56000MB", "--micro-batches", "32", "--stages", "4"],
+         ["{f}", "layers_description[1].type"],
+         {"p.json": edited(lambda d: d["layers_description"][1].update(type="MIDDLE"), profile)},
+         lambda p: sapp_ppb.load(p["p.json"], "56000MB", 32)),
+    Case("sapp nb_layer 10**9", ["best", "{f}", "--capacity", "56000MB", "--micro-batches", "32", "--stages", "4"],
+         ["{f}", "nb_layer"],
+         {"p.json": edited(lambda d: d["layers_description"][1].update(nb_layer=10**9), profile)},
+         lambda p: sapp_ppb.load(p["p.json"], "56000MB", 32)),
+    Case("sapp time 1e300", ["best", "{f}", "--capacity", "56000MB", "--micro-batches", "32", "--stages", "4"],
+         ["{f}", "layers_description[1].time"],
+         {"p.json": edited(lambda d: d["layers_description"][1].update(time=1e300), profile)},
+         lambda p: sapp_ppb.load(p["p.json"], "56000MB", 32)),
+]
+
+
+def _npy(arr: np.ndarray) -> bytes:
+    import io
+    buf = io.BytesIO()
+    np.save(buf, arr, allow_pickle=True)
+    return buf.getvalue()
+
+
+def _limits() -> None:  # in the child: bounded memory
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+
+
+def run_cli(argv: list, cwd: str) -> tuple[subprocess.CompletedProcess, float]:
+    env = {**os.environ, "GPUKNAP_BACKEND": "numpy", "OPENBLAS_NUM_THREADS": "1"}
+    start = time.perf_counter()
+    p = subprocess.run([sys.executable, "-m", "gpuknap", *argv], capture_output=True, text=True, env=env,
+                       cwd=cwd, timeout=SECONDS * 4, preexec_fn=_limits)
+    return p, time.perf_counter() - start
+
+
+def materialise(case: Case, tmp_path) -> dict:
+    paths = {}
+    for name, make in case.files.items():
+        path = tmp_path / name.rstrip("/")
+        if name.endswith("/"):
+            path.mkdir()
+        else:
+            content = make()
+            path.write_bytes(content if isinstance(content, bytes) else content.encode())
+        paths[name] = str(path)
+    paths["{i}"] = str(tmp_path / "interleaved.json")
+    (tmp_path / "interleaved.json").write_text(interleaved())
+    return paths
+
+
+def _fill(word: str, paths: dict) -> str:
+    first = next((v for k, v in paths.items() if k != "{i}"), "")
+    return word.replace("{f}", first).replace("{i}", paths["{i}"])
+
+
+def test_the_table_is_large():
+    assert len(CASES) >= 60 and len({c.name for c in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_cli_exits_2_with_one_line(case, tmp_path):
+    paths = materialise(case, tmp_path)
+    argv = [_fill(a, paths) for a in case.argv]
+    p, seconds = run_cli(argv, str(tmp_path))
+    assert "Traceback" not in p.stderr, p.stderr
+    lines = p.stderr.splitlines()
+    assert p.returncode == 2, (p.returncode, p.stdout[-500:], p.stderr)
+    assert len(lines) == 1 and lines[0].startswith("gpuknap: error: "), p.stderr
+    for word in case.words:
+        assert _fill(word, paths) in lines[0], (word, lines[0])
+    assert seconds < SECONDS, f"took {seconds:.1f} s"
+
+
+API_CASES = [c for c in CASES if c.api is not None]
+
+
+@pytest.mark.parametrize("case", API_CASES, ids=[c.name for c in API_CASES])
+def test_api_raises_value_error(case, tmp_path):
+    paths = materialise(case, tmp_path)
+    start = time.perf_counter()
+    with pytest.raises(ValueError):
+        case.api(paths)
+    assert time.perf_counter() - start < SECONDS
+
+
+def test_api_validation_does_not_depend_on_the_data():
+    """Bad arguments are refused whether memory is loose or tight."""
+    for capacity in ("56000 MB", "1 TiB", "1 GiB"):
+        model = load_spec(DEMO, capacity=capacity).model
+        rows = np.array([[int(x) for x in GOOD_ROW.split(",")]])
+        for kwargs in ({"backend": "garbage"}, {"max_bytes": -1}, {"max_bytes": 0}, {"chunks": 0},
+                       {"bucket": 0}, {"bucket": math.nan}):
+            with pytest.raises(ValueError):
+                model.rank(rows, **kwargs)
+        for kwargs in ({"backend": "garbage"}, {"max_bytes": -1}, {"bucket": -1}, {"score": "x"}, {"top": 0}):
+            with pytest.raises(ValueError):
+                best_splits(model, 16, **kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [{"capacity": -1}, {"capacity": 0}, {"capacity": math.inf},
+                                    {"reserved": -1}, {"reserved": 100}, {"reserved": 200}, {"micro_batches": 0}])
+def test_pipeline_model_checks_its_device(kwargs):
+    args = {"kinds": ["a"], "fronts": {"a": [LayerOption("x", 1, 1, 1)]}, "static": {"a": 0},
+            "capacity": 100, "micro_batches": 1, **kwargs}
+    with pytest.raises(ValueError):
+        PipelineModel(**args)
+
+
+def test_sapp_load_checks_capacity():
+    with pytest.raises(ValueError, match="capacity"):
+        sapp_ppb.load(PACKAGED, -1, 4)
+
+
+def test_backend_unavailable_is_a_value_error():
+    assert issubclass(BackendUnavailable, ValueError)
+
+
+def test_infeasible_large_model_is_recognised_at_once(tmp_path):
+    (tmp_path / "big.json").write_text(big_model())
+    p, seconds = run_cli(["best", str(tmp_path / "big.json")], str(tmp_path))
+    assert p.returncode == 1 and p.stderr == "" and seconds < SECONDS
+    assert "hold at most" in p.stdout and "of its 100,000 layers" in p.stdout
+
+
+def test_closed_pipe_exits_quietly():
+    """``gpuknap best --top 200 | head -1``: no 'Broken pipe' message."""
+    env = {**os.environ, "GPUKNAP_BACKEND": "numpy"}
+    p = subprocess.run(f"'{sys.executable}' -m gpuknap best --top 200 --quiet | head -1", shell=True,
+                       capture_output=True, text=True, env=env)
+    assert p.stdout.startswith("#1 of demo") and p.stderr == ""

@@ -1,0 +1,177 @@
+"""The CLI as a subprocess: shipped examples, SAPP-PPB, JSON against the solvers, exit codes."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from paths import EXAMPLES, SAMPLE
+
+from gpuknap import best_splits, choose, pp_lite
+from gpuknap.formats import load_spec
+
+DEMO = os.path.join(EXAMPLES, "demo.json")
+
+
+def run(*args, check_rc=None):
+    env = {**os.environ, "GPUKNAP_BACKEND": "numpy"}
+    p = subprocess.run([sys.executable, "-m", "gpuknap", *args], capture_output=True, text=True, env=env)
+    if check_rc is not None:
+        assert p.returncode == check_rc, (p.stdout, p.stderr)
+    return p
+
+
+def test_best_default_example_human_table():
+    p = run("best", "--quiet", check_rc=0)
+    assert "slowest" in p.stdout and "*" in p.stdout and "memory / budget" in p.stdout
+
+
+@pytest.mark.parametrize("score", ["slowest", "1f1b", "simulated"])
+def test_best_json_matches_solver(score):
+    p = run("best", DEMO, "--top", "3", "--score", score, "--json", check_rc=0)
+    out = json.loads(p.stdout)
+    spec = load_spec(DEMO)
+    want = best_splits(spec.model, spec.stages, 3, score, spec.bucket, backend="numpy")
+    assert [r["counts"] for r in out["results"]] == [list(c) for c, _, _ in want]
+    assert [r["score"] for r in out["results"]] == [s for _, s, _ in want]
+    for r, (_, _, choice) in zip(out["results"], want):
+        assert [st["time"] for st in r["stages"]] == list(choice.times)
+        assert [st["memory_bytes"] for st in r["stages"]] == [c.memory for c in choice.stages]
+        assert sum(st["layers"] for st in r["stages"]) == spec.model.layers
+
+
+def test_best_on_sapp_ppb_sample():
+    p = run("best", SAMPLE, "--stages", "16", "--capacity", "56000MB", "--micro-batches", "32", "--json", check_rc=0)
+    ref = json.loads(run("best", DEMO, "--json", check_rc=0).stdout)
+    assert json.loads(p.stdout)["results"][0]["counts"] == ref["results"][0]["counts"]
+
+
+def test_rank_csv_and_npy(tmp_path):
+    spec = load_spec(DEMO)
+    rows = [[4, 5, 6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 6], [98 - 15] + [1] * 15, [6] * 15 + [8]]
+    csv_in = tmp_path / "s.csv"
+    csv_in.write_text("# counts\n" + "\n".join(",".join(map(str, r)) for r in rows) + "\n")
+    npy_out = tmp_path / "scores.npy"
+    p = run("rank", DEMO, "--splits", str(csv_in), "--out", str(npy_out), "--json", check_rc=0)
+    out = json.loads(p.stdout)
+    scores = np.load(npy_out)
+    for i, r in enumerate(rows):
+        want = pp_lite(spec.model.stages(r), spec.model.fronts, spec.bucket)
+        assert scores[i] == (np.inf if want is None else want.slowest)
+    assert out["best"]["row"] == int(np.argmin(scores)) and out["feasible"] == int(np.isfinite(scores).sum())
+    np.save(tmp_path / "s.npy", np.array(rows))
+    p2 = run("rank", DEMO, "--splits", str(tmp_path / "s.npy"), "--out", str(tmp_path / "o.csv"), check_rc=0)
+    assert "best: row" in p2.stdout
+    assert (tmp_path / "o.csv").read_text().splitlines()[0] == "row,slowest,counts"
+
+
+def test_curve_json_matches_least_times():
+    counts = [4, 5, 6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 6]
+    p = run("curve", DEMO, "--stage", "2", "--counts", ",".join(map(str, counts)), "--points", "7", "--json",
+            check_rc=0)
+    out = json.loads(p.stdout)
+    spec = load_spec(DEMO)
+    stage = spec.model.stages(counts)[2]
+    assert len(out["points"]) >= 7
+    for pt in out["points"]:
+        c = choose(stage.groups, spec.model.fronts, pt["budget_bytes"], spec.bucket)
+        assert pt["time"] == (None if c is None else c.time)
+
+
+def test_infeasible_exits_1_in_words(tmp_path):
+    p = run("best", DEMO, "--capacity", "1 GiB", check_rc=1)
+    assert "no feasible split" in p.stdout
+
+
+@pytest.mark.parametrize("args, words", [
+    (["best", "/nonexistent/spec.json"], "cannot read"),
+    (["best", SAMPLE, "--stages", "4"], "capacity"),
+    (["rank", DEMO, "--splits", "/nonexistent.csv"], "cannot read"),
+    (["best", DEMO, "--backend", "cupy"], "cupy"),
+    (["best", DEMO, "--bucket", "3 parsecs"], "bucket"),
+])
+def test_bad_input_exits_2_with_one_line(args, words):
+    p = run(*args)
+    if "cupy" in args and p.returncode == 0:
+        pytest.skip("CuPy with a GPU is present")
+    assert p.returncode == 2
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in p.stderr and words in lines[0].lower()
+
+
+def test_bad_spec_exits_2_naming_the_field(tmp_path):
+    data = json.load(open(DEMO))
+    data["kinds"]["BODY"]["options"][2]["backward"] = "soon"
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    p = run("best", str(path), check_rc=2)
+    assert "kinds.BODY.options[2].backward" in p.stderr and str(path) in p.stderr
+
+
+def test_rank_bad_row_exits_2_with_row_number(tmp_path):
+    path = tmp_path / "s.csv"
+    path.write_text("4,5,6,6,6,6,6,6,6,6,7,7,7,7,7,6\n1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1\n")
+    p = run("rank", DEMO, "--splits", str(path), check_rc=2)
+    assert f"{path}: line 2 " in p.stderr  # the file's own line number, 1-based
+
+
+def test_plot_writes_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "best.png"
+    run("best", DEMO, "--top", "2", "--plot", str(out), check_rc=0)
+    assert out.stat().st_size > 1000
+
+
+def test_best_bound_json_matches_the_api():
+    p = run("best", DEMO, "--top", "2", "--bucket", "300MiB", "--bound", "--json", check_rc=0)
+    out = json.loads(p.stdout)
+    spec = load_spec(DEMO, bucket="300MiB")
+    want = best_splits(spec.model, spec.stages, 2, "slowest", spec.bucket, backend="numpy", bound=True)
+    assert [r["lower_bound"] for r in out["results"]] == [w[3] for w in want]
+    for r in out["results"]:
+        assert all(st["time_lower_bound"] <= st["time"] for st in r["stages"])
+    human = run("best", DEMO, "--bucket", "300MiB", "--bound", check_rc=0).stdout
+    assert "exact-bytes optimum >=" in human and ">= bound" in human
+
+
+def test_best_interleaved_json_plot_and_simulated_times(tmp_path):
+    """best --interleave: the same splits as the API, each with its simulated schedule time
+    (equal to gpuknap timeline's), and a picture."""
+    png = tmp_path / "best.png"
+    args = ("best", DEMO, "--capacity", "160GiB", "--stages", "4", "--interleave", "2", "--top", "2",
+            "--score", "1f1b")
+    out = json.loads(run(*args, "--json", "--plot", str(png), check_rc=0).stdout)
+    spec = load_spec(DEMO, capacity="160GiB")
+    want = best_splits(spec.model, 4, 2, "1f1b", spec.bucket, backend="numpy", interleave=2)
+    assert out["interleave"] == 2 and out["exact"] is True
+    assert [r["counts"] for r in out["results"]] == [list(c) for c, _, _ in want]
+    assert [r["score"] for r in out["results"]] == [s for _, s, _ in want]
+    first = out["results"][0]
+    t = json.loads(run("timeline", DEMO, "--capacity", "160GiB", "--interleave", "2", "--counts",
+                       ",".join(map(str, first["counts"])), "--json", check_rc=0).stdout)["timeline"]
+    assert first["iteration_time_simulated"] == t["iteration_time"]
+    assert png.stat().st_size > 10_000
+    human = run(*args, check_rc=0).stdout
+    assert "4 stages x 2 chunks" in human and "simulated schedule" in human
+
+
+def test_best_interleaved_local_search_says_so(tmp_path):
+    spec = {"device": {"capacity": "80 GiB"}, "pipeline": {"stages": 2, "micro_batches": 4},
+            "kinds": {k: {"static": "1 GiB", "options": [{"name": "none", "memory": "1 GiB",
+                                                            "forward": f"{f} ms", "backward": f"{2 * f} ms"}]}
+                      for k, f in (("a", 1.0), ("b", 2.0))},
+            "layers": [{"kind": k, "count": 2} for k in "abab"]}
+    path = tmp_path / "mixed.json"
+    path.write_text(json.dumps(spec))
+    p = run("best", str(path), "--interleave", "2", check_rc=0)
+    assert "not proven optimal" in p.stdout
+    out = json.loads(run("best", str(path), "--interleave", "2", "--json", check_rc=0).stdout)
+    assert out["exact"] is False and out["optimum_lower_bound"] <= out["results"][0]["score"]
+
+
+def test_best_interleaved_refuses_framework_settings():
+    p = run("best", DEMO, "--capacity", "160GiB", "--interleave", "2", "--emit", "megatron")
+    assert p.returncode == 2 and "--interleave" in p.stderr and len(p.stderr.strip().splitlines()) == 1

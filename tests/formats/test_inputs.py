@@ -1,0 +1,142 @@
+"""Spec files, SAPP-PPB profiles, units and analytic transformer options."""
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import pytest
+from paths import EXAMPLES, PACKAGED, SAMPLE, SHARED  # noqa: F401
+
+from gpuknap import MEGABYTE, pp_lite
+from gpuknap.costs import PRESETS, TransformerConfig, activation_bytes, layer_options
+from gpuknap.formats import config_from, load_spec, parse_quantity, sapp_ppb
+
+
+def test_sapp_ppb_worked_example():
+    kinds, fronts, static = sapp_ppb.read_profile(SAMPLE)
+    assert kinds[0] == "HEAD" and kinds[-1] == "TAIL" and kinds.count("BODY") == 96 and len(kinds) == 98
+    body = {o.name: o for o in fronts["BODY"]}
+    assert set(body) == {"NONE", "SLCT", "COMM", "BOTH"}
+    want = {"NONE": (852, 270), "SLCT": (767, 277.2), "COMM": (535, 292.5), "BOTH": (511, 299.7)}
+    for name, (mb, t) in want.items():
+        assert body[name].per_micro_batch == mb * MEGABYTE
+        assert body[name].forward_time == 90
+        assert math.isclose(body[name].time, t, rel_tol=1e-12)
+    assert static["BODY"] == 2141 * MEGABYTE and static["HEAD"] == 4245 * MEGABYTE
+    head = fronts["HEAD"][0]
+    assert head.forward_time == 90 and head.backward_time == 180 and head.memory(5) == 0
+
+
+def test_sapp_ppb_time_keys_and_coefficients(tmp_path):
+    prof = {"layers_description": [
+        {"name": "B", "type": "BODY", "time": 10, "forward_time": 8, "nb_layer": 2, "memory_parameter": 1,
+         "memory_activation": 5, "backward_time": 25, "memory_select_rec": 4, "select_rec_coef": 0.5,
+         "memory_recompute": 1, "recompute_time": 0}]}
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(prof))
+    _, fronts, _ = sapp_ppb.read_profile(path)
+    opts = {o.name: o for o in fronts["B"]}
+    assert opts["NONE"].backward_time == 25 and opts["NONE"].forward_time == 8
+    assert opts["SLCT"].backward_time == 1.5 * 2 * 10
+    assert opts["FULL"].backward_time == 1.5 * 2 * 10  # zero time key: default coefficient 0.5
+
+
+def test_sapp_ppb_bad_profile_names_the_field(tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({"layers_description": [{"name": "B", "type": "BODY", "nb_layer": 1, "time": -1,
+                                                         "memory_activation": 1}]}))
+    with pytest.raises(ValueError, match=r"layers_description\[0\].time"):
+        sapp_ppb.read_profile(path)
+
+
+def test_sapp_load_and_spec_agree_on_the_demo():
+    a = sapp_ppb.load(SAMPLE, "56000MB", 32)
+    b = load_spec(os.path.join(EXAMPLES, "demo.json")).model
+    counts = [4, 5, 6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 6]
+    ta, tb = pp_lite(a.stages(counts), a.fronts).times, pp_lite(b.stages(counts), b.fronts).times
+    assert ta == pytest.approx(tb, rel=1e-12)  # the profile's coefficients round differently
+
+
+@pytest.mark.parametrize("text, dim, want", [
+    ("56000MB", "bytes", 56000 * 2**20), ("80 GiB", "bytes", 80 * 2**30), ("1KB", "bytes", 1024),
+    ("1 KiB", "bytes", 1024), ("2 TB", "bytes", 2 * 2**40), ("5 bytes", "bytes", 5), (123, "bytes", 123), ("1.5 ms", "ms", 1.5), ("2s", "ms", 2000.0), ("250us", "ms", 0.25),
+])
+def test_units(text, dim, want):
+    assert parse_quantity(text, dim, "f") == want
+
+
+@pytest.mark.parametrize("text", ["12 parsecs", "MB", "", None, True, "nan MB", "1e400 MB", 10**400])
+def test_bad_units(text):
+    with pytest.raises(ValueError, match="f"):
+        parse_quantity(text, "bytes", "f")
+
+
+@pytest.mark.parametrize("text, words", [
+    ("1kB", "ambiguous"), ("8 Mb", "bits"), ("8 Gb", "bits"), ("1 kb", "bits"), ("3 b", "bits"),
+    ("1 mb", "bits"), ("1 gib", "case matters"), ("1 MIB", "case matters"), ("1 mB", "case matters"), ("1 XB", "unknown"),
+])
+def test_one_unit_rule_refuses_bits_and_ambiguous_case(text, words):
+    with pytest.raises(ValueError, match=words):
+        parse_quantity(text, "bytes", "f")
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda d: d["kinds"]["BODY"]["options"][0].update(memory="lots"), "kinds.BODY.options[0].memory"),
+    (lambda d: d["kinds"]["BODY"]["options"][1].pop("forward"), "kinds.BODY.options[1]"),
+    (lambda d: d["layers"][1].update(kind="BDY"), "layers[1].kind"),
+    (lambda d: d["layers"][1].update(count=-3), "layers[1].count"),
+    (lambda d: d["device"].pop("capacity"), "device.capacity"),
+    (lambda d: d["pipeline"].update(micro_batches=0), "pipeline.micro_batches"),
+    (lambda d: d.update(bucket="0 MiB"), "bucket"),
+    (lambda d: d.update(colour="blue"), "unknown field"),
+    (lambda d: d["kinds"]["BODY"].update(static="-1 MB"), "kinds.BODY.static"),
+])
+def test_bad_spec_names_file_and_field(tmp_path, edit, field):
+    data = json.load(open(os.path.join(EXAMPLES, "demo.json")))
+    edit(data)
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError) as err:
+        load_spec(str(path))
+    assert str(path) in str(err.value) and field in str(err.value)
+
+
+def test_yaml_and_json_specs_load():
+    pytest.importorskip("yaml")
+    s = load_spec(os.path.join(EXAMPLES, "gpt3_175b.yaml"))
+    assert s.stages == 12 and s.model.micro_batches == 96 and s.bucket == 16 * 2**20
+    assert s.model.layers == 98  # embedding + 96 layers + output
+
+
+def test_korthikanti_formulas():
+    c = TransformerConfig(layers=2, hidden=1024, heads=16, ffn=4096, seq=2048, micro_batch=2,
+                          tensor_parallel=4, sequence_parallel=False, flash_attention=False)
+    s, b, h, a, t = 2048, 2, 1024, 16, 4
+    mem = activation_bytes(c)
+    assert math.isclose(mem["NONE"], s * b * h * (10 + 24 / t + 5 * a * s / (h * t)))
+    assert math.isclose(mem["SELECTIVE"], s * b * h * (10 + 24 / t))
+    assert mem["FULL"] == 2 * s * b * h
+    sp = activation_bytes(config_from({"layers": 2, "hidden": 1024, "heads": 16, "ffn": 4096, "seq": 2048,
+                                       "micro_batch": 2, "tensor_parallel": 4, "flash_attention": False}))
+    assert math.isclose(sp["NONE"], s * b * h * (34 / t + 5 * a * s / (h * t)))
+    assert math.isclose(sp["FULL"], 2 * s * b * h / t)
+    opts = {o.name: o for o in layer_options(c)}
+    flops = 24 * b * s * h * h + 4 * b * s * s * h
+    fwd = flops / t / (c.peak_flops * c.efficiency) * 1e3
+    assert math.isclose(opts["NONE"].forward_time, fwd) and math.isclose(opts["NONE"].backward_time, 2 * fwd)
+    assert math.isclose(opts["FULL"].backward_time, 3 * fwd)
+    core = 4 * b * s * s * h / t / (c.peak_flops * c.efficiency) * 1e3
+    assert math.isclose(opts["SELECTIVE"].backward_time, 2 * fwd + core)
+
+
+def test_presets_and_bad_config():
+    assert {"llama2-70b", "gpt3-175b"} <= set(PRESETS)
+    with pytest.raises(ValueError, match="transformer: unknown field"):
+        config_from({"preset": "llama2-70b", "hiden": 3})
+    with pytest.raises(ValueError, match="transformer.preset"):
+        config_from({"preset": "llama9"})
+    with pytest.raises(ValueError, match="missing"):
+        config_from({"hidden": 3})
+    with pytest.raises(ValueError, match="efficiency"):
+        config_from({"preset": "gpt3-175b", "efficiency": 2})

@@ -1,0 +1,254 @@
+"""best_splits(..., interleave=v): the exact search on HEAD / BODY / TAIL models and the
+local search on other models, against brute force over every interleaved split."""
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+from test_model import compositions
+
+from gpuknap import LayerOption, PipelineModel, best_splits
+from gpuknap.engine import Planner
+
+
+def shape_model(rng, body_layers, p, tight):
+    opts = lambda name, n: [LayerOption(f"{name}{j}", rng.randint(1, 9), rng.randint(1, 9) / 2,
+                                        rng.randint(0, 12) / 4, rng.randint(0, 3)) for j in range(n)]
+    fronts = {"H": opts("h", 1), "B": opts("b", rng.randint(1, 3)), "T": opts("t", rng.randint(1, 2))}
+    kinds = ["H"] + ["B"] * body_layers + ["T"]
+    capacity = rng.randint(60, 140) if tight else 2000
+    return PipelineModel(kinds, fronts, {"H": 2, "B": 1, "T": 3}, capacity, p * rng.randint(1, 3), rng.randint(0, 4))
+
+
+def score(times, kind, m, v):
+    if kind == "slowest":
+        return max(times)
+    return ((v * m - 1) * max(times) + sum(times)) / v
+
+
+def brute(model, p, v, kind):
+    """Every split's stage times from model.stages (real positions); per (stage, total)
+    the fastest tuple (then most even, then first); per-stage totals ranked."""
+    plan = Planner(model.fronts, 1)
+    best_tuple, every = {}, []
+    for counts in compositions(model.layers, p * v):
+        times = []
+        for s, st in enumerate(model.stages(counts, None, v)):
+            c = plan.stage(st)
+            t = math.inf if c is None else c.time + st.fixed_time
+            times.append(t)
+            tup = tuple(counts[c_ * p + s] for c_ in range(v))
+            key = (t, max(tup) - min(tup), tup)
+            if math.isfinite(t) and key < best_tuple.get((s, sum(tup)), (math.inf,)):
+                best_tuple[(s, sum(tup))] = key
+        if all(map(math.isfinite, times)):
+            every.append(score(times, kind, model.micro_batches, v))
+    ranked = []
+    for totals in compositions(model.layers, p):
+        keys = [best_tuple.get((s, m)) for s, m in enumerate(totals)]
+        if None in keys:
+            continue
+        counts = tuple(keys[s][2][c] for c in range(v) for s in range(p))
+        ranked.append((score([k[0] for k in keys], kind, model.micro_batches, v), totals, counts))
+    ranked.sort(key=lambda e: (e[0], e[1]))
+    return ranked, min(every, default=None)
+
+
+@pytest.mark.parametrize("seed", range(14))
+def test_exact_interleaved_search_equals_brute_force(seed):
+    rng = random.Random(seed)
+    p = rng.randint(1, 3)
+    v = rng.choice([2, 3])
+    model = shape_model(rng, rng.randint(10, 14 if p * v <= 6 else 12), p, tight=seed % 2 == 0)
+    for kind in ("slowest", "1f1b"):
+        ranked, optimum = brute(model, p, v, kind)
+        for top in (1, 4):
+            got = best_splits(model, p, top, kind, 1, backend="numpy", interleave=v)
+            assert got.exact
+            assert [c for c, _, _ in got] == [c for _, _, c in ranked[:top]], (kind, top)
+            assert [s for _, s, _ in got] == pytest.approx([s for s, _, _ in ranked[:top]], rel=1e-12)
+            if got:  # the best over every interleaved split, not only the representatives
+                assert got[0][1] == pytest.approx(optimum, rel=1e-12)
+                assert got.lower_bound == got[0][1]
+            else:
+                assert optimum is None
+
+
+def hetero_model(rng, layers, p):
+    fronts = {k: [LayerOption(f"{k}{j}", rng.randint(1, 8), rng.randint(1, 9) / 2, rng.randint(0, 8) / 4,
+                              rng.randint(0, 3)) for j in range(rng.randint(1, 3))] for k in "xyz"}
+    kinds = [rng.choice("xyz") for _ in range(layers)]
+    return PipelineModel(kinds, fronts, {"x": 1, "y": 2, "z": 0}, rng.randint(80, 200), p * 2, 0)
+
+
+def test_local_search_never_loses_to_round_robin_and_often_finds_the_optimum():
+    """Heterogeneous models: the local search's best is never worse than the best plain
+    split of v * P stages placed round-robin, never below brute force, at or above its
+    lower bound; it finds the brute-force optimum in most cases (counted)."""
+    hits = cases = 0
+    for seed in range(30):
+        rng = random.Random(100 + seed)
+        p, v = rng.choice([(2, 2), (2, 3), (3, 2)])
+        model = hetero_model(rng, rng.randint(10, 12), p)
+        got = best_splits(model, p, 3, "slowest", 1, backend="numpy", interleave=v)
+        assert not got.exact
+        all_splits = np.array(list(compositions(model.layers, p * v)))
+        scores = model.rank(all_splits, 1, "numpy", None, v).slowest
+        optimum = scores.min()
+        if not math.isfinite(optimum):
+            assert got == []
+            continue
+        cases += 1
+        assert got[0][1] >= optimum and got.lower_bound <= optimum
+        plain = best_splits(model, p * v, 1, "slowest", 1, backend="numpy")
+        if plain:
+            rr = model.rank(np.array([plain[0][0]]), 1, "numpy", None, v).slowest[0]
+            assert got[0][1] <= rr
+        for counts, value, choice in got:  # every score exact for its split
+            assert value == model.rank(np.array([counts]), 1, "numpy", None, v).slowest[0]
+            assert choice.slowest == value
+        hits += got[0][1] == optimum
+    assert cases >= 20 and hits >= 0.75 * cases, (hits, cases)
+    print(f"local search found the optimum in {hits} of {cases} models")
+
+
+def test_interleaved_refuses_what_it_does_not_do():
+    model = PipelineModel(["a"] * 8, {"a": [LayerOption("x", 1, 1.0, 1.0)]}, {"a": 0}, 100, 4)
+    for kwargs, words in ((dict(bound=True), "bound"),
+                          (dict(interleave=0), "interleave")):
+        with pytest.raises(ValueError, match=words):
+            best_splits(model, 2, **{"interleave": 2, **kwargs})
+    with pytest.raises(ValueError, match="at least"):
+        best_splits(model, 4, interleave=3)
+
+
+def plan_by_loops(model, p, chunks, table, limit, fastest, most):
+    """The reference of plan_tuples: every tuple by itertools, its bound by a Python sum,
+    its problem from model.stages at real positions (canonical, as the solvers see it)."""
+    import itertools
+
+    from gpuknap.engine import canonical
+
+    n, last = model.layers, chunks * p - 1
+    top = max(min(most, n - chunks * (p - 1)), chunks)
+    keys, posed, pruned = [], {}, False
+    for s in range(p):
+        for counts in itertools.product(range(1, top - chunks + 2), repeat=chunks):
+            if sum(counts) > top:
+                continue
+            low = 0.0
+            for c, count in enumerate(counts):
+                i = c * p + s
+                a = 0 if i == 0 else n - count if i == last else 1
+                low += float(fastest[a + count] - fastest[a])
+            if low > limit + 1e-9 * (abs(limit) + fastest[-1]):
+                pruned = True
+                continue
+            keys.append((s, sum(counts), counts))
+            split = [1] * (p * chunks)  # the stage's tuple at its real positions, the rest filled around it
+            for c, count in enumerate(counts):
+                split[c * p + s] = count
+            spare = n - sum(split)
+            if spare < 0:
+                continue
+            other = next(j for j in range(p * chunks) if j % p != s) if p > 1 else None
+            if other is None and spare:
+                continue
+            if other is not None:
+                split[other] += spare
+            st = model.stages(split, None, chunks)[s]
+            posed[keys[-1]] = canonical(st.groups, st.budget)
+    return keys, posed, pruned
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_tuple_plans_equal_the_loops_they_replace(seed):
+    """plan_tuples enumerates tuples and bounds them with arrays: the same tuples, pruning
+    flag and problems (the ones model.stages poses at real positions) as plain loops."""
+    from gpuknap.engine import FrontTable
+    from gpuknap.search import fastest_prefix, kind_index
+    from gpuknap.search._interleaved import plan_tuples
+
+    rng = random.Random(300 + seed)
+    p, v = rng.randint(2, 3), rng.randint(2, 3)
+    model = shape_model(rng, rng.randint(p * v, 16), p, tight=seed % 2 == 0)
+    if model.micro_batches % p:
+        model = PipelineModel(model.kinds, model.fronts, model.static, model.capacity, p * 2, model.reserved)
+    fronts = FrontTable(model.fronts, 1)
+    fastest = fastest_prefix(model, fronts, kind_index(model), 1)
+    table = model.in_flight_table(p, v)
+    checked = 0
+    for limit in (math.inf, float(fastest[-1]) / p, float(fastest[-1]) / (2 * p)):
+        most = rng.randint(v, model.layers)
+        plan = plan_tuples(model, p, v, table, fronts, limit, fastest, most)
+        keys, posed, pruned = plan_by_loops(model, p, v, table, limit, fastest, most)
+        assert plan.pruned == pruned and plan.keys == keys
+        problems = {key: plan.problems[i] for key, i in zip(plan.keys, plan.ids)}
+        assert all(problems[key] == problem for key, problem in posed.items())
+        checked += len(posed)
+    assert checked
+
+
+def test_a_search_over_too_many_chunk_arrangements_is_refused_at_once():
+    model = PipelineModel(["a"] * 300, {"a": [LayerOption("x", 1, 1.0, 1.0)]}, {"a": 0}, 10**6, 2)
+    with pytest.raises(ValueError, match="chunk arrangements per stage"):
+        best_splits(model, 2, 1, "1f1b", 1, backend="numpy", interleave=4)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_exact_interleaved_search_certified_on_a_pruned_table(seed, monkeypatch):
+    """Roomy devices: the first limit leaves tuples out and still certifies the answer."""
+    from gpuknap.search import TupleSource
+
+    rng = random.Random(40 + seed)
+    model = shape_model(rng, 14, 3, tight=False)
+    seen = []
+    real = TupleSource.fill
+
+    def recording(self, values):
+        table = real(self, values)
+        seen.append(table.pruned)
+        return table
+
+    monkeypatch.setattr(TupleSource, "fill", recording)
+    for kind in ("slowest", "1f1b"):
+        ranked, _ = brute(model, 3, 2, kind)
+        got = best_splits(model, 3, 2, kind, 1, backend="numpy", interleave=2)
+        assert [c for c, _, _ in got] == [c for _, _, c in ranked[:2]], kind
+    assert seen and all(seen)  # every table searched was a pruned one
+
+
+def test_simulated_interleaved_local_search_against_brute_force():
+    """score='simulated' with interleave: every score is the event simulator's time for the
+    split's plan; never worse than the closed form's best split; never below the
+    brute-force optimum or above it by less than the lower bound allows; the optimum is
+    found in most cases (counted)."""
+    from gpuknap.schedule import of_split
+
+    hits = cases = 0
+    for seed in range(12):
+        rng = random.Random(300 + seed)
+        p, v = rng.choice([(2, 2), (3, 2)])
+        model = shape_model(rng, rng.randint(8, 10), p, tight=seed % 2 == 0)
+        got = best_splits(model, p, 2, "simulated", 1, backend="numpy", interleave=v)
+        assert not got.exact
+        brute = []
+        for counts in compositions(model.layers, p * v):
+            solved = of_split(model, counts, 1, None, v)
+            if solved is not None:
+                brute.append((solved[0].iteration_time, counts))
+        brute.sort()
+        if not brute:
+            assert got == []
+            continue
+        cases += 1
+        for counts, value, _ in got:
+            assert value == of_split(model, counts, 1, None, v)[0].iteration_time
+        closed = best_splits(model, p, 1, "1f1b", 1, backend="numpy", interleave=v)
+        assert got[0][1] <= of_split(model, closed[0][0], 1, None, v)[0].iteration_time
+        assert got.lower_bound <= brute[0][0] <= got[0][1]
+        hits += got[0][1] == brute[0][0]
+    assert cases >= 8 and hits >= 0.5 * cases, (hits, cases)
+    print(f"simulated local search found the optimum in {hits} of {cases} models")

@@ -1,0 +1,207 @@
+"""gpuknap.sweep and `gpuknap sweep`: every row against best_splits run alone, Dask against
+in-process, bad grids, and the all-infeasible exit."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from paths import EXAMPLES
+
+from gpuknap import best_splits, sweep
+from gpuknap.schedule import simulated_times
+from gpuknap.sweep import builder_of, expand
+
+LLAMA = os.path.join(EXAMPLES, "llama2_70b.json")
+DEEPSEEK = os.path.join(EXAMPLES, "deepseek_v3_small_config.json")
+MIB = 2**20
+
+
+def reference(source, grid, gpus, global_batch, score="1f1b", top=1, **kw):
+    """The test reference: best_splits alone on each configuration's model."""
+    builder, _, bucket, _ = builder_of(source, kw.get("capacity"), None, kw.get("seq"), kw.get("bucket"))
+    configs, _ = expand(grid, gpus, global_batch, builder.layers)
+    out = {}
+    for c in configs:
+        try:
+            model = builder(c)
+        except ValueError:
+            continue
+        if c["stages"] * c["interleave"] > model.layers:
+            continue
+        found = best_splits(model, c["stages"], top, score, bucket, backend="numpy", interleave=c["interleave"])
+        sims = simulated_times(model, found, None, c["interleave"])
+        out[tuple(sorted(c.items()))] = [(list(f[0]), f[1], t) for f, t in zip(found, sims)]
+    return out
+
+
+def check_rows(result, want):
+    got = {}
+    for r in result.rows:
+        key = tuple(sorted(r["config"].items()))
+        if r["feasible"]:
+            got.setdefault(key, []).append((r["rank"], r["counts"], r["score"], r["iteration_time"]))
+        else:
+            got.setdefault(key, [])
+    assert {k: [e[1:] for e in sorted(v)] for k, v in got.items()} == want
+
+
+@pytest.mark.parametrize("score, top", [("1f1b", 1), ("slowest", 2)])
+def test_every_row_equals_best_splits_alone_dense(score, top):
+    grid = {"stages": [1, 2, 4, 8], "tensor_parallel": [2, 4, 8], "micro_batch_size": [1, 2], "interleave": [1, 2]}
+    result = sweep(LLAMA, grid, gpus=64, global_batch=128, score=score, top=top, backend="numpy", bucket=16 * MIB)
+    assert len({tuple(sorted(r["config"].items())) for r in result.rows}) >= 20
+    check_rows(result, reference(LLAMA, grid, 64, 128, score, top, bucket=16 * MIB))
+    speeds = [r["throughput"]["samples_per_second"] for r in result.rows if r["feasible"]]
+    assert speeds == sorted(speeds, reverse=True) and speeds
+    best = result.best
+    assert best["throughput"]["tokens_per_second"] == pytest.approx(best["throughput"]["samples_per_second"] * 8192)
+    assert best["iteration_time"] == pytest.approx(128 / best["throughput"]["samples_per_second"] * 1e3)
+
+
+def test_every_row_equals_best_splits_alone_moe():
+    """A Hugging Face config with dense and MoE layers (interleaved: the local search)."""
+    grid = {"stages": [1, 2, 4], "tensor_parallel": [1, 2, 4], "micro_batch_size": [1, 2], "interleave": [1, 2]}
+    kw = dict(capacity="80 GiB", seq=2048, bucket=16 * MIB)
+    result = sweep(DEEPSEEK, grid, gpus=32, global_batch=64, backend="numpy", **kw)
+    assert len({tuple(sorted(r["config"].items())) for r in result.rows}) >= 20
+    check_rows(result, reference(DEEPSEEK, grid, 32, 64, **kw))
+    assert any(not r["exact"] for r in result.rows if r["config"]["interleave"] > 1)
+
+
+def test_callable_source_and_skipped_reasons():
+    from gpuknap import LayerOption, PipelineModel
+
+    def build(config):  # a closure over a driver's own cost model
+        t = 1.0 / config["tensor_parallel"]
+        opts = [LayerOption("keep", 4e9 * config["micro_batch_size"], t, 2 * t), LayerOption("full", 1e9, t, 3 * t)]
+        return PipelineModel(["x"] * 12, {"x": opts}, {"x": 2e9 / config["tensor_parallel"]}, 80e9,
+                             config["micro_batches"])
+
+    result = sweep(build, {"stages": [2, 3, 4], "tensor_parallel": [1, 2]}, gpus=8, global_batch=16,
+                   backend="numpy")
+    reasons = {s["reason"] for s in result.skipped}
+    assert any("not a multiple of stages x tensor_parallel" in r for r in reasons)
+    assert all(r["feasible"] for r in result.rows) and result.rows
+
+
+def test_dask_local_cluster_gives_identical_rows():
+    distributed = pytest.importorskip("distributed")
+    grid = {"stages": [1, 2, 4], "tensor_parallel": [4, 8], "micro_batch_size": [1, 2], "interleave": [1, 2]}
+    want = sweep(LLAMA, grid, gpus=32, global_batch=64, backend="numpy", bucket=16 * MIB)
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=None) as cluster, distributed.Client(cluster) as client:
+        got = sweep(LLAMA, grid, gpus=32, global_batch=64, backend="numpy", bucket=16 * MIB, scheduler=client)
+        assert got.rows == want.rows and got.skipped == want.skipped
+        many = sweep(LLAMA, grid, gpus=32, global_batch=64, backend="numpy", bucket=16 * MIB,
+                     scheduler=client, shards=7)
+        assert many.rows == want.rows
+        scale = 2.0  # a closure over local state, pickled to the workers
+
+        def build(config):
+            from gpuknap import LayerOption, PipelineModel
+            t = scale / config["tensor_parallel"]
+            return PipelineModel(["x"] * 10, {"x": [LayerOption("keep", 3e9, t, 2 * t)]}, {"x": 1e9}, 80e9,
+                                 config["micro_batches"])
+
+        local = sweep(build, grid, gpus=32, global_batch=64, backend="numpy")
+        remote = sweep(build, grid, gpus=32, global_batch=64, backend="numpy", scheduler=client)
+        assert remote.rows == local.rows and local.best is not None
+
+
+def test_missing_dask_is_one_clear_error(monkeypatch):
+    import builtins
+
+    real = builtins.__import__
+
+    def no_dask(name, *args, **kwargs):
+        if name.startswith("distributed"):
+            raise ImportError(name)
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_dask)
+    with pytest.raises(ValueError, match=r"gpuknap\[cluster\]"):
+        sweep(LLAMA, {"stages": [2]}, gpus=8, global_batch=8, scheduler="tcp://127.0.0.1:1")
+
+
+def cli(*args):
+    env = {**os.environ, "GPUKNAP_BACKEND": "numpy"}
+    return subprocess.run([sys.executable, "-m", "gpuknap", "sweep", *args], capture_output=True, text=True, env=env)
+
+
+def test_cli_json_plot_and_table(tmp_path):
+    png = tmp_path / "sweep.png"
+    args = [LLAMA, "--gpus", "32", "--global-batch", "64", "--stages", "2,4", "--tp", "4,8",
+            "--micro-batch-size", "1,2", "--bucket", "16MiB"]
+    p = cli(*args, "--json", "--plot", str(png))
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    api = sweep(LLAMA, {"stages": [2, 4], "tensor_parallel": [4, 8], "micro_batch_size": [1, 2]}, gpus=32,
+                global_batch=64, backend="numpy", bucket=16 * MIB)
+    assert out["rows"] == json.loads(json.dumps(api.rows)) and out["best"] == out["rows"][0]
+    assert png.stat().st_size > 10_000
+    run = cli(*args)
+    assert "samples/s" in run.stdout and "P=" in run.stdout
+    assert "no communication time" in run.stderr and "tensor-parallel and data-parallel" in run.stderr
+    one = cli(LLAMA, "--gpus", "32", "--global-batch", "64", "--stages", "4", "--tp", "8", "--bucket", "16MiB")
+    assert one.returncode == 0 and "communication" not in one.stderr  # nothing varies: no note
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--gpus", "6", "--stages", "4"], "no valid configuration"),
+    (["--gpus", "8", "--tp", "0"], "--tp"),
+    (["--gpus", "8", "--stages", "2,x"], "--stages"),
+    (["--gpus", "-8"], "--gpus"),
+    (["--gpus", "8", "--global-batch", "0"], "--global-batch"),
+    (["--gpus", "8", "--scheduler", "tcp://127.0.0.1:1"], "scheduler"),
+])
+def test_cli_bad_grids_exit_2_with_one_line(args, words):
+    if "--global-batch" not in args:
+        args = args + ["--global-batch", "16"]
+    p = cli(LLAMA, *args)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1 and words in lines[0], p.stderr
+
+
+def test_api_refuses_unknown_grid_keys_and_sizes():
+    for grid, words in (({"stage": [2]}, "unknown key 'stage'"), ({"stages": [0]}, "stages"),
+                        ({"stages": []}, "empty")):
+        with pytest.raises(ValueError, match=words):
+            sweep(LLAMA, grid, gpus=8, global_batch=8)
+    with pytest.raises(ValueError, match="simulated"):
+        sweep(LLAMA, {"stages": [2]}, gpus=8, global_batch=8, score="simulated")
+
+
+def test_cli_all_infeasible_exits_1_with_the_closest():
+    p = cli(LLAMA, "--gpus", "8", "--global-batch", "64", "--stages", "1,2", "--tp", "1,2", "--capacity", "8GiB")
+    assert p.returncode == 1, p.stderr
+    assert "no configuration fits" in p.stderr and "the closest" in p.stderr and "layers" in p.stderr
+
+
+def _dying_builder(marker):
+    """A source whose first build of one configuration kills its process (a worker lost
+    mid-sweep); later builds, after the marker exists, work."""
+    def build(config):
+        from gpuknap import LayerOption, PipelineModel
+        if config["stages"] == 2 and config["tensor_parallel"] == 4 and not os.path.exists(marker):
+            open(marker, "w").close()
+            os._exit(1)
+        t = 2.0 / config["tensor_parallel"]
+        return PipelineModel(["x"] * 10, {"x": [LayerOption("keep", 3e9, t, 2 * t)]}, {"x": 1e9}, 80e9,
+                             config["micro_batches"])
+    return build
+
+
+def test_dask_reruns_the_shard_of_a_worker_that_died(tmp_path):
+    distributed = pytest.importorskip("distributed")
+    grid = {"stages": [1, 2, 4], "tensor_parallel": [4, 8]}
+    (tmp_path / "done").write_text("")
+    want = sweep(_dying_builder(str(tmp_path / "done")), grid, gpus=32, global_batch=64, backend="numpy")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=None) as cluster, distributed.Client(cluster) as client:
+        got = sweep(_dying_builder(str(tmp_path / "dies")), grid, gpus=32, global_batch=64, backend="numpy",
+                    scheduler=client)
+    assert (tmp_path / "dies").exists()  # a worker did die
+    assert got.rows == want.rows
