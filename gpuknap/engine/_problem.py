@@ -4,11 +4,13 @@ A stage's layers are laid out as *steps*, one per layer, group after group in
 the order given (zero-count groups dropped, consecutive runs of the same kind
 and in-flight count merged).  The DP adds the layers' times in this order, so
 every entry point that solves the same problem performs the same additions.
+Memory is summed exactly (:func:`kept_bytes`), so merging runs never changes
+whether the all-fastest choice fits, nor the bytes a choice reports.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
@@ -81,15 +83,42 @@ def sequential_time(times: Sequence[float], counts: Sequence[int]) -> float:
     return total
 
 
+def kept_bytes(terms: Iterable[tuple[int, float]]) -> float:
+    """``sum(count * memory)`` over ``(count, memory)`` pairs, computed exactly and
+    rounded once to the nearest float (``inf`` beyond the float range).
+
+    The one memory sum of every entry point: the all-fastest shortcut's test,
+    ``least_times``' all-fastest bytes and every reported ``StageChoice.memory``.
+    Being exact, it does not depend on how layers are grouped, merged or
+    ordered, so a canonical problem (runs merged from several groups) and the
+    groups it came from give the same bytes; being rounded once (monotone), a
+    choice whose exact bytes fit a budget also reports bytes that fit it.
+    Whole byte counts whose sums stay below 2**53 give the plain float sum.
+    """
+    num, den = 0, 1  # the sum is num / den, den a power of two
+    for n, mem in terms:
+        if not n:
+            continue
+        p, q = float(mem).as_integer_ratio()
+        if q > den:
+            num *= q // den
+            den = q
+        elif q < den:
+            p *= den // q
+        num += int(n) * p
+    try:
+        return num / den  # int / int: correctly rounded
+    except OverflowError:
+        return float("inf")
+
+
 def verdict(problem: StageProblem, table: FrontTable) -> Verdict:
     """Decide how ``problem`` is answered (the contract's steps 1-3)."""
     fronts = fronts_of(problem, table)
     if problem.budget < 0:
         return Verdict(INFEASIBLE)
     counts = [n for _, n in problem.runs]
-    fastest_bytes = 0.0
-    for f, n in zip(fronts, counts):
-        fastest_bytes += n * float(f.memories[-1])
+    fastest_bytes = kept_bytes((n, f.memories[-1]) for f, n in zip(fronts, counts))
     if fastest_bytes <= problem.budget:
         return Verdict(FASTEST, sequential_time([float(f.times[-1]) for f in fronts], counts))
     capacity = (buckets_up if table.relaxed else buckets_down)(problem.budget, table.bucket)

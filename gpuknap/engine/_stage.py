@@ -19,6 +19,7 @@ from ._problem import (
     INFEASIBLE,
     canonical,
     check_groups,
+    kept_bytes,
     sequential_time,
     verdict,
     zeros_row,
@@ -47,15 +48,16 @@ def _guard(nbytes: int, cells: int, bucket: float, what: str) -> None:
 
 
 def _assemble(groups: Sequence[Layers], fronts: list[Front], option_counts: list[list[int]], time: float) -> StageChoice:
-    """Build a StageChoice from per-group option counts (lightest option first)."""
+    """Build a StageChoice from per-group option counts (lightest option first);
+    its memory is :func:`._problem.kept_bytes`, the sum the shortcut tests."""
     assignments = []
-    memory = 0.0
+    kept = []
     for g, f, counts in zip(groups, fronts, option_counts):
         for j, n in enumerate(counts):
             if n:
                 assignments.append(Assignment(g, f.options[j], n))
-                memory += n * float(f.memories[j])
-    return StageChoice(tuple(assignments), memory, time)
+                kept.append((n, f.memories[j]))
+    return StageChoice(tuple(assignments), kept_bytes(kept), time)
 
 
 def _pass_recording(row: np.ndarray, front: Front, width: int, choice: np.ndarray) -> np.ndarray:
@@ -77,12 +79,14 @@ def _pass_recording(row: np.ndarray, front: Front, width: int, choice: np.ndarra
 def _stride(steps: int, width: int, n_options: int, bucket: float) -> tuple[int, Any]:
     """``(layers per block, choice dtype)`` for a traceback within SINGLE_STAGE_LIMIT.
 
-    Block length 0: every DP row fits, and the traceback reads them.  Otherwise the traceback keeps, per block of layers, the option each cell took (one or
-    two bytes a cell) plus a checkpoint row (8 bytes a cell) before each block;
-    blocks other than the last are recomputed from their checkpoint.  One block
-    when everything fits; else the block length needing the least memory.
-    Refuses what still does not fit, or more passes than the work limit."""
-    dtype = np.uint8 if n_options <= 256 else np.uint16
+    Block length 0: every DP row fits, and the traceback reads them.  Otherwise
+    the traceback keeps, per block of layers, the option each cell took (one,
+    two or four bytes a cell, as the option indices need) plus a checkpoint row
+    (8 bytes a cell) before each block; blocks other than the last are
+    recomputed from their checkpoint.  One block when everything fits; else the
+    block length needing the least memory.  Refuses what still does not fit, or
+    more passes than the work limit."""
+    dtype = np.uint8 if n_options <= 2**8 else np.uint16 if n_options <= 2**16 else np.uint32
     cell = np.dtype(dtype).itemsize
 
     def need(stride: int) -> int:  # checkpoints, choices of one block, three working rows
@@ -212,9 +216,7 @@ def least_times(groups: Sequence[Layers], fronts: Fronts, budget: float, bucket:
     groups = check_groups(groups)
     problem = canonical(groups, budget)
     fronts_ = [table.get(g.kind, g.in_flight) for g in groups]
-    fastest_bytes = 0.0
-    for g, f in zip(groups, fronts_):
-        fastest_bytes += g.count * float(f.memories[-1])
+    fastest_bytes = kept_bytes((g.count, f.memories[-1]) for g, f in zip(groups, fronts_))
     fastest_time = sequential_time([float(f.times[-1]) for f in fronts_], [g.count for g in groups])
     curve = np.full(1, np.inf)
     if budget >= 0:
