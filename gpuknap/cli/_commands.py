@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 from importlib import resources
 
 import numpy as np
@@ -17,7 +18,7 @@ from ..formats.splitfiles import read_splits, write_scores
 from ..search import best_splits, coverage
 from ._flags import EXIT_OK, counts_list
 from ._plots import plot_best, plot_curve, plot_scores, plot_timeline
-from ._report import JSON_VERSION, format_split, split_record
+from ._report import JSON_VERSION, format_split, run_record, run_summary, split_record
 
 EXIT_INFEASIBLE = 1  # nothing feasible (said in words); the other codes are in flags
 #: Rows of a splits file scored per block (bounds memory; one progress step each).
@@ -35,11 +36,18 @@ def default_example() -> str:
     return str(resources.files("gpuknap") / "examples" / "demo.json")
 
 
+def device_keywords(args: argparse.Namespace) -> dict:
+    """The device flags as reader keywords (None where not given)."""
+    return {"device": args.device, "gpus_per_node": args.gpus_per_node, "efficiency": args.efficiency,
+            "device_fields": dict(args.device_field) if args.device_field else None}
+
+
 def _spec(args: argparse.Namespace, path: str | None) -> Spec:
     return load_spec(path or default_example(), capacity=args.capacity, micro_batches=args.micro_batches,
-                     stages=getattr(args, "stages", None), bucket=args.bucket, seq=args.seq,
+                     stages=getattr(args, "stages", None), bucket=args.bucket, reserved=args.reserved, seq=args.seq,
                      micro_batch=args.micro_batch_size, tensor_parallel=args.tp, expert_parallel=args.ep,
-                     data_parallel=args.dp)
+                     expert_tensor_parallel=args.etp, context_parallel=args.cp, data_parallel=args.dp,
+                     recompute=args.recompute, **device_keywords(args))
 
 
 def _max_bytes(args: argparse.Namespace) -> int | None:
@@ -121,7 +129,9 @@ def cmd_best(args: argparse.Namespace) -> int:
             solved = schedule.of_split(spec.model, found[0][0], spec.bucket, in_flight, chunks)
         except ValueError:  # too many operations to draw: the stage chart alone
             solved = None
-        plot_best(records, solved, args.plot, f"{spec.name}, {shape}: best split {list(found[0][0])}")
+        run = "" if records[0]["mfu"] is None else (f", iteration {records[0]['iteration_time_s']:.3g} s, "
+                                                     f"MFU {100 * records[0]['mfu']:.1f}%")
+        plot_best(records, solved, args.plot, f"{spec.name}, {shape}: best split {list(found[0][0])}{run}")
     _emit(args, payload, text)
     return EXIT_OK
 
@@ -247,6 +257,8 @@ def cmd_timeline(args: argparse.Namespace) -> int:
     chunks = args.interleave or spec.chunks
     if args.counts:
         counts = counts_list(args.counts)
+    elif args.recompute:  # a run as it was run: Megatron's even split
+        counts = even_counts(spec.model, _stages(args, spec) * chunks)
     else:
         found = best_splits(spec.model, _stages(args, spec), 1, "1f1b", spec.bucket, get_backend(args.backend),
                             spec.in_flight if chunks == spec.chunks else None, _max_bytes(args), interleave=chunks)
@@ -258,7 +270,9 @@ def cmd_timeline(args: argparse.Namespace) -> int:
         spec.model.check_counts(counts, chunks)
     except ValueError as exc:
         raise BadInput(f"--counts: {exc}") from None
-    solved = schedule.of_split(spec.model, counts, spec.bucket, spec.in_flight, chunks, args.p2p)
+    costs = spec.model.costs
+    p2p = args.p2p if args.p2p is not None else (costs.p2p if costs is not None else 0.0)
+    solved = schedule.of_split(spec.model, counts, spec.bucket, spec.in_flight, chunks, p2p)
     if solved is None:
         _emit(args, {**_header("timeline", spec, "numpy"), "counts": counts, "timeline": None},
               f"split {counts} of {spec.name} does not fit the device memory")
@@ -266,7 +280,28 @@ def cmd_timeline(args: argparse.Namespace) -> int:
     t, times, closed = solved
     if args.plot:
         plot_timeline(t, times, args.plot, f"{spec.name}: split {counts}")
+    names = spec.model.plan(counts, spec.bucket, spec.in_flight if chunks == spec.chunks else None, chunks)
+    run = run_record(spec.model, counts, names, chunks)
     payload = {**_header("timeline", spec, "numpy"), "timeline": schedule.record(t, times, counts),
-               "closed_form_1f1b": closed}
-    _emit(args, payload, schedule.summary(t, f"{spec.name}, split {counts}", closed))
+               "closed_form_1f1b": closed, **run}
+    text = schedule.summary(t, f"{spec.name}, split {counts}", closed)
+    if run["iteration_time_s"] is not None:
+        text += "\n" + run_summary(run)
+    _emit(args, payload, text)
     return EXIT_OK
+
+
+def even_counts(model: Any, parts: int) -> list[int]:
+    """Megatron's split of a model into ``parts`` (virtual) stages: the decoder layers as even as
+    they go (the remainder on the last ones), the embedding with the first and the output layer
+    with the last."""
+    head = 1 if model.kinds[0] == "embedding" else 0
+    tail = 1 if model.kinds[-1] == "output" else 0
+    decoders = model.layers - head - tail
+    if decoders < parts:
+        raise BadInput(f"--stages: {parts} stages (x chunks) for {decoders} decoder layers")
+    base, extra = divmod(decoders, parts)
+    counts = [base + (1 if i >= parts - extra else 0) for i in range(parts)]
+    counts[0] += head
+    counts[-1] += tail
+    return counts

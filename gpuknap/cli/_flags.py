@@ -29,16 +29,44 @@ def integer(flag: str, low: int, high: int) -> Callable[[str], int]:
     return parse
 
 
-def size(flag: str) -> Callable[[str], float]:
+def size(flag: str, zero: bool = False) -> Callable[[str], float]:
     def parse(text: str) -> float:
         try:
             value = parse_quantity(text, "bytes", flag)
         except ValueError as exc:
             raise argparse.ArgumentTypeError(str(exc).split(": ", 1)[-1]) from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"expected a positive size, e.g. '80 GiB', got {text!r}")
+        if value < 0 or (value == 0 and not zero):
+            raise argparse.ArgumentTypeError(f"expected a {'non-negative' if zero else 'positive'} size, "
+                                             f"e.g. '80 GiB', got {text!r}")
         return value
     return parse
+
+
+def fraction(flag: str) -> Callable[[str], float]:
+    """A number in (0, 1]."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text[:40]!r}") from None
+        if not 0 < value <= 1:
+            raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}")
+        return value
+    return parse
+
+
+def device_field(text: str) -> tuple[str, float]:
+    """``--device-field FIELD=VALUE``: one number of the device."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected FIELD=VALUE such as inter_bandwidth=25e9, got {text[:40]!r}")
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{key.strip()}: expected a number, got {value[:40]!r}") from None
+    if not math.isfinite(number):
+        raise argparse.ArgumentTypeError(f"{key.strip()}: expected a finite number, got {value[:40]!r}")
+    return key.strip(), int(number) if key.strip() == "gpus_per_node" and number.is_integer() else number
 
 
 def number(low: float, what: str, cast: Callable = float) -> Callable[[str], Any]:

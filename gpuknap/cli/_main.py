@@ -13,12 +13,14 @@ from contextlib import ExitStack
 from typing import Sequence
 
 from .. import formats
+from ..costs import DEFAULT_DEVICE, DEFAULT_EFFICIENCY, DEVICES
+from ..formats._fields import RECOMPUTE
 from .._version import __version__
 from ..engine import MAX_TOP, reporting, work_limit
 from ..formats.splitfiles import PLOT_SUFFIXES, check_output
 from ..search import MAX_IN_FLIGHT, MAX_LAYERS, SCORES
 from ._commands import MAX_POINTS, cmd_best, cmd_curve, cmd_rank, cmd_timeline
-from ._flags import Parser, cells, guarded, integer, number, size
+from ._flags import Parser, cells, device_field, fraction, guarded, integer, number, size
 from ._plots import require_matplotlib
 from ._progress import Bar
 from ._sweep import add_sweep
@@ -31,7 +33,19 @@ def build_parser() -> argparse.ArgumentParser:
     base.add_argument("--bucket", type=size("--bucket"),
                       help="memory bucket, e.g. '1 MiB' (default: the spec's, else 1 MiB)")
     base.add_argument("--capacity", type=size("--capacity"),
-                      help="device memory, e.g. '80 GiB' (overrides the spec; needed for SAPP-PPB)")
+                      help="device memory, e.g. '80 GiB' (default: the spec's, else the device's; SAPP-PPB profiles "
+                           "need this or --device)")
+    base.add_argument("--reserved", type=size("--reserved", zero=True),
+                      help="memory kept for the framework on every device (default for analytic models: "
+                           "2 GiB + 5%% of the capacity; docs/costs.md)")
+    base.add_argument("--device", metavar="NAME",
+                      help=f"device preset ({', '.join(DEVICES)}; default {DEFAULT_DEVICE}): peak FLOP/s, memory, links")
+    base.add_argument("--gpus-per-node", type=integer("--gpus-per-node", 1, 4096), metavar="N",
+                      help="devices per node (default: the preset's, 8)")
+    base.add_argument("--efficiency", type=fraction("--efficiency"), metavar="E",
+                      help=f"share of peak FLOP/s the matrix math reaches (default {DEFAULT_EFFICIENCY:g})")
+    base.add_argument("--device-field", type=device_field, action="append", metavar="FIELD=VALUE",
+                      help="override one number of the device, e.g. inter_bandwidth=25e9 (repeatable)")
     base.add_argument("--max-memory", type=size("--max-memory"), metavar="SIZE",
                       help="working memory the DP may use, e.g. '8 GiB' (default: a quarter of free RAM, "
                            "at most 2 GiB; half the free GPU memory)")
@@ -47,10 +61,15 @@ def build_parser() -> argparse.ArgumentParser:
                                       "--micro-batch-size": ("micro_batch", 10**6, "samples per micro-batch"),
                                       "--tp": ("tensor_parallel", 4096, "tensor-parallel size"),
                                       "--ep": ("expert_parallel", 4096, "expert-parallel size"),
+                                      "--etp": ("expert_tensor_parallel", 4096,
+                                                "expert-tensor-parallel size (default: the TP size, as Megatron)"),
+                                      "--cp": ("context_parallel", 4096, "context-parallel size"),
                                       "--dp": ("data_parallel", 10**6, "data-parallel size (shards the optimizer)"),
                                       }.items():
         common.add_argument(flag, type=integer(flag, 1, high), metavar="N",
-                            help=f"{what}, for a Hugging Face config.json")
+                            help=f"{what}, for an analytic model (config.json or a transformer section)")
+    common.add_argument("--recompute", choices=RECOMPUTE,
+                        help="run every decoder layer with this option (predict a run as it was run)")
     p = Parser(prog="gpuknap", description="Exact recompute-option knapsacks for pipeline splits.")
     p.add_argument("--version", action="version", version=f"gpuknap {__version__}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
@@ -88,7 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--counts", help="the split, chunk by chunk when interleaved (default: the best 1F1B split)")
     t.add_argument("--stages", type=integer("--stages", 1, MAX_LAYERS), help="stages of the best split (no --counts)")
     t.add_argument("--interleave", type=integer("--interleave", 1, 64), help="chunks per stage (default: the spec's)")
-    t.add_argument("--p2p", type=number(0, "a time"), default=0.0, help="time to pass a micro-batch between stages (default 0)")
+    t.add_argument("--p2p", type=number(0, "a time"), default=None,
+                   help="time to pass a micro-batch between stages (default: the cost model's, else 0)")
     t.set_defaults(func=cmd_timeline)
     add_sweep(sub, base)
     return p

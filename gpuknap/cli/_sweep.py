@@ -45,6 +45,9 @@ def add_sweep(sub: Any, base: Any) -> None:
     w.add_argument("--score", choices=SCORES, default="1f1b", help="how each configuration's split is chosen")
     w.add_argument("--top", type=integer("--top", 1, MAX_TOP), default=1, help="splits kept per configuration")
     w.add_argument("--seq", type=integer("--seq", 1, 10**7), metavar="N", help="sequence length, for a config.json")
+    for flag, what in (("--ep", "expert-parallel size"), ("--etp", "expert-tensor-parallel size (default: TP)"),
+                       ("--cp", "context-parallel size")):
+        w.add_argument(flag, type=integer(flag, 1, 4096), metavar="N", help=f"{what}, the same for every configuration")
     w.add_argument("--scheduler", metavar="ADDRESS",
                    help="shard the configurations over a Dask cluster, e.g. tcp://host:8786 (needs gpuknap[cluster])")
     w.set_defaults(func=cmd_sweep)
@@ -68,14 +71,19 @@ def _closest(rows: list) -> str:
 
 def table(result: Any, limit: int = 30) -> str:
     """The human table: configurations by throughput, then what was skipped."""
-    lines = [f"{'#':>3} {'configuration':<40} {'iteration':>11} {'samples/s':>10} {'tokens/s':>11}  counts"]
+    lines = [f"{'#':>3} {'configuration':<40} {'iteration':>11} {'samples/s':>10} {'tokens/s':>11} {'MFU':>6} "
+             f"{'TFLOP/s':>8}  counts"]
     for i, r in enumerate(result.rows[:limit], 1):
         if r["feasible"]:
             tokens = r["throughput"]["tokens_per_second"]
             mark = "" if r["exact"] else " (local search)"
-            lines.append(f"{i:>3} {_label(r['config']):<40} {r['iteration_time']:>11.6g} "
+            mfu = "-" if r.get("mfu") is None else f"{100 * r['mfu']:.1f}%"
+            tflops = "-" if r.get("tflops_per_gpu") is None else f"{r['tflops_per_gpu']:.0f}"
+            when = (f"{r['iteration_time_s']:.4g} s" if r.get("mfu") is not None else f"{r['iteration_time']:.6g}")
+            lines.append(f"{i:>3} {_label(r['config']):<40} {when:>11} "
                          f"{r['throughput']['samples_per_second']:>10.4g} "
-                         f"{'-' if tokens is None else format(tokens, '11.4g'):>11}  {r['counts']}{mark}")
+                         f"{'-' if tokens is None else format(tokens, '11.4g'):>11} {mfu:>6} {tflops:>8}  "
+                         f"{r['counts']}{mark}")
         else:
             lines.append(f"{i:>3} {_label(r['config']):<40} {'infeasible':>11}")
     if len(result.rows) > limit:
@@ -92,15 +100,12 @@ def table(result: Any, limit: int = 30) -> str:
 def cmd_sweep(args: argparse.Namespace) -> int:
     grid = {key: getattr(args, key) for key in GRID_KEYS}
     result = sweep(args.spec, grid, gpus=args.gpus, global_batch=args.global_batch, score=args.score, top=args.top,
-                   backend=args.backend, scheduler=args.scheduler, capacity=args.capacity, seq=args.seq,
-                   bucket=args.bucket, max_bytes=args.max_memory)
+                   backend=args.backend, scheduler=args.scheduler, capacity=args.capacity, reserved=args.reserved,
+                   seq=args.seq, bucket=args.bucket, max_bytes=args.max_memory, device=args.device,
+                   gpus_per_node=args.gpus_per_node, efficiency=args.efficiency,
+                   device_fields=dict(args.device_field) if args.device_field else None, expert_parallel=args.ep,
+                   expert_tensor_parallel=args.etp, context_parallel=args.cp)
     feasible = result.best is not None
-    varied = [k for k in ("tensor_parallel", "data_parallel")
-              if len({r["config"][k] for r in result.rows}) > 1]
-    if varied:  # the spec and config.json models are analytic: no communication time
-        sizes = " and ".join(k.replace("_", "-") for k in varied)
-        print(f"note: the analytic model has no communication time, so configurations with larger {sizes} sizes "
-              "look faster than they are (docs/sweep.md)", file=sys.stderr)
     if args.plot:
         plot_sweep(result.rows, args.plot, f"{args.spec}: {args.gpus} GPUs, global batch {args.global_batch}")
     if args.json:

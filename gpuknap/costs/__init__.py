@@ -1,26 +1,27 @@
-"""Costs: each layer's recompute options (time and memory) from a model's shape and how it is trained.
+"""Costs: each layer's recompute options (time and memory) from a model's shape, how it is trained
+and the device it runs on.
 
-Owns the analytic models: dense transformer layers (:class:`TransformerConfig`,
-Korthikanti et al.'s activation formulas and FLOP counts) and mixture-of-experts
-layers (:class:`MoEShape`, with grouped-query or multi-head latent attention),
-each turned into a :class:`gpuknap.search.PipelineModel`.  Reading a model's
-description from a file is the formats' job; this package only computes.
+Owns the devices and their presets (peak FLOP/s, HBM, links, with sources in docs/costs.md),
+the training run's parallel sizes and where their groups sit on the cluster, the
+communication formulas (TP, CP, EP collectives, pipeline sends, data-parallel gradients),
+the module-by-module activation and FLOP model of every layer type (dense MHA/GQA, gated or
+not; MoE with shared experts; MLA), and the models built from them
+(:func:`build`, :class:`TransformerConfig` for spec files), each carrying
+:class:`ModelCosts` for MFU and the per-stage time breakdown.  Reading a model's description
+from a file is the formats' job; this package only computes.
 """
-from ._dense import (
-                     HOPPER_BF16_PEAK,
-                     INTEGER_FIELDS,
-                     LIMITS,
-                     MAX_SIZE,
-                     PRESETS,
-                     TransformerConfig,
-                     activation_bytes,
-                     layer_options,
-                     transformer_model,
-)
-from ._moe import ACT, Attention, MoEShape, gqa_attention, mla_attention, moe_model
+from ._arch import Architecture, Experts, LatentAttention
+from ._build import RECOMPUTE, ModelCosts, build, fixed, options, static_bytes
+from ._comm import Links, Training, all_gather, all_reduce, all_to_all, links, send
+from ._dense import HOPPER_BF16_PEAK, INTEGER_FIELDS, LIMITS, MAX_SIZE, PRESETS, TransformerConfig, gpt, transformer_model
+from ._estimate import COMPONENTS, Estimate, estimate, pipeline_send, run_of
+from ._devices import DEFAULT_DEVICE, DEFAULT_EFFICIENCY, DEVICES, Device, device
+from ._layers import ACT, FP32, LayerCost, layer_cost
 
 __all__ = [
-    "HOPPER_BF16_PEAK", "INTEGER_FIELDS", "LIMITS", "MAX_SIZE", "PRESETS", "TransformerConfig",
-    "activation_bytes", "layer_options", "transformer_model",
-    "ACT", "Attention", "MoEShape", "gqa_attention", "mla_attention", "moe_model",
+    "Architecture", "Experts", "LatentAttention", "RECOMPUTE", "ModelCosts", "build", "fixed", "options", "static_bytes",
+    "Links", "Training", "all_gather", "all_reduce", "all_to_all", "links", "send",
+    "HOPPER_BF16_PEAK", "INTEGER_FIELDS", "LIMITS", "MAX_SIZE", "PRESETS", "TransformerConfig", "gpt",
+    "transformer_model", "DEFAULT_DEVICE", "DEFAULT_EFFICIENCY", "DEVICES", "Device", "device",
+    "ACT", "FP32", "LayerCost", "layer_cost", "COMPONENTS", "Estimate", "estimate", "pipeline_send", "run_of",
 ]

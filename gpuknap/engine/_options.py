@@ -28,7 +28,10 @@ class LayerOption:
 
     ``memory(k) = k * per_micro_batch + held_once - excess(k)`` bytes while
     the stage holds ``k`` micro-batches in flight; ``excess`` is a tuple of
-    ``(in_flight, bytes)`` corrections (0 for counts not listed).
+    ``(in_flight, bytes)`` corrections (0 for counts not listed).  ``parts``:
+    how the forward plus backward time splits into components, as
+    ``((name, time), ...)`` (``compute``, ``recompute``, ``tp``...), for reports;
+    the solvers never read it.
     """
 
     name: str
@@ -37,6 +40,7 @@ class LayerOption:
     backward_time: float
     held_once: float = 0.0
     excess: tuple = ()
+    parts: tuple = ()
 
     def memory(self, in_flight: int) -> float:
         """Bytes kept by one layer running this option at ``in_flight``."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from ..costs import device as costs_device
 from ..engine import MAX_BYTES, MAX_TIME
 from ..search import MAX_IN_FLIGHT, MAX_LAYERS, PipelineModel
 from ._documents import check_keys
@@ -82,28 +83,73 @@ def _override(value: Any, name: str, check) -> Any:
         raise ValueError(f"{name}: {str(exc).split(': ', 2)[-1]}") from None
 
 
-#: How a Hugging Face config is trained: keyword -> (command-line flag, low, high); booleans apart.
+#: How an analytic model (a Hugging Face config, a spec's transformer section) is trained:
+#: keyword -> (command-line flag, low, high); booleans, devices and recompute apart.
 TRAINING = {"seq": ("--seq", 1, 10**7), "micro_batch": ("--micro-batch-size", 1, 10**6),
             "tensor_parallel": ("--tp", 1, 4096), "expert_parallel": ("--ep", 1, 4096),
-            "data_parallel": ("--dp", 1, 10**6)}
+            "expert_tensor_parallel": ("--etp", 1, 4096), "context_parallel": ("--cp", 1, 4096),
+            "data_parallel": ("--dp", 1, 10**6), "pipeline_parallel": ("--stages", 1, 10**6)}
+#: Keywords about the device: keyword -> command-line flag.
+DEVICE = {"device": "--device", "gpus_per_node": "--gpus-per-node", "efficiency": "--efficiency",
+          "device_fields": "--device-field"}
+#: Keywords for a run as it was run: every decoder layer's option.
+RECOMPUTE = ("none", "selective", "full")
+BOOLEANS = ("sequence_parallel",)
 
 
 def _training(training: dict, arg: Fields) -> dict:
-    """Validated training keywords (None values dropped), blamed on the keyword and its flag."""
+    """Validated training and device keywords (None values dropped), blamed on the keyword and its flag."""
     out = {}
     for name, value in training.items():
         if value is None:
             continue
-        if name == "sequence_parallel":
+        if name in BOOLEANS:
             if not isinstance(value, bool):
-                raise ValueError(f"sequence_parallel: expected true or false, got {value!r}")
+                raise ValueError(f"{name}: expected true or false, got {value!r}")
         elif name in TRAINING:
             flag, low, high = TRAINING[name]
             value = _override(value, f"{name} ({flag})", lambda v: arg.integer(v, name, low, high))
+        elif name == "device":
+            try:
+                value = costs_device(value)
+            except ValueError as exc:
+                raise ValueError(f"device (--device): {str(exc).split(': ', 1)[-1]}") from None
+        elif name == "gpus_per_node":
+            value = _override(value, "gpus_per_node (--gpus-per-node)", lambda v: arg.integer(v, name, 1, 4096))
+        elif name == "efficiency":
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+                raise ValueError(f"efficiency (--efficiency): expected a number in (0, 1], got {value!r}")
+        elif name == "device_fields":
+            if not isinstance(value, Mapping):
+                raise ValueError(f"device_fields (--device-field): expected a mapping of field to value, got {value!r}")
+            try:
+                costs_device(None, **value)
+            except (ValueError, TypeError) as exc:
+                raise ValueError(f"device_fields (--device-field): {str(exc).split(': ', 1)[-1]}") from None
+        elif name == "recompute":
+            if value not in RECOMPUTE:
+                raise ValueError(f"recompute (--recompute): expected one of {', '.join(RECOMPUTE)}, got {value!r}")
         else:
-            raise ValueError(f"unknown keyword {name!r}; known: {', '.join(sorted(TRAINING))}, sequence_parallel")
+            known = sorted(TRAINING) + sorted(DEVICE) + ["recompute", *BOOLEANS]
+            raise ValueError(f"unknown keyword {name!r}; known: {', '.join(known)}")
         out[name] = value
     return out
+
+
+def device_of(training: dict) -> Any:
+    """The :class:`gpuknap.costs.Device` the keywords describe (the default preset when none)."""
+    fields_ = dict(training.get("device_fields") or {})
+    for key in ("gpus_per_node", "efficiency"):
+        if training.get(key) is not None:
+            fields_[key] = training[key]
+    return costs_device(training.get("device"), **fields_)
+
+
+def default_reserved(capacity: float) -> float:
+    """Bytes reserved on a device when nobody says (docs/costs.md, "Memory"): the CUDA context and
+    library workspaces, NCCL's buffers and the caching allocator's fragmentation, taken as 2 GiB
+    plus 5 % of the capacity (6 GiB of an 80 GiB device)."""
+    return min(2 * 2**30 + 0.05 * capacity, 0.5 * capacity)
 
 
 def check_arguments(capacity: Any, micro_batches: Any, stages: Any, bucket: Any, reserved: Any,

@@ -19,18 +19,12 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
-from ..costs import (
-    MoEShape,
-    TransformerConfig,
-    gqa_attention,
-    mla_attention,
-    moe_model,
-    transformer_model,
-)
+from ..costs import Architecture, Experts, LatentAttention, Training, build, fixed
+from ..costs import device as costs_device
 from ..engine import MEGABYTE
 from ..search import PipelineModel
 from ._documents import read_document
-from ._fields import Spec, check_arguments
+from ._fields import DEVICE, Spec, check_arguments, default_reserved, device_of
 
 #: ``model_type`` values read as dense decoders with a gated (SwiGLU) MLP.
 DENSE_TYPES = ("llama", "mistral", "qwen2")
@@ -59,42 +53,6 @@ def _divides(size: int, flag: str, value: int, key: str, where: str) -> None:
         raise ValueError(f"{where}: {key}: {value} is not divisible by the {flag} size {size}")
 
 
-def transformer_config(data: Any, where: str, *, seq: int, micro_batch: int = 1, tensor_parallel: int = 1,
-                       expert_parallel: int = 1, sequence_parallel: bool = True,
-                       data_parallel: int = 1) -> TransformerConfig:
-    """The :class:`TransformerConfig` of a dense config (``where`` names it in errors)."""
-    if not is_config(data):
-        raise ValueError(f"{where}: not a Hugging Face config (no 'model_type' or 'architectures')")
-    kind = data.get("model_type")
-    if kind not in DENSE_TYPES:
-        raise ValueError(f"{where}: model_type: {kind!r} is not a family gpuknap reads "
-                         f"(dense: {', '.join(DENSE_TYPES)}; MoE: {', '.join(MOE_TYPES)})")
-    if expert_parallel != 1:
-        raise ValueError(f"{where}: expert_parallel={expert_parallel} (--ep) applies to MoE models only")
-    hidden = _count(data, "hidden_size", where)
-    heads = _count(data, "num_attention_heads", where)
-    kv_heads = _count(data, "num_key_value_heads", where, heads)
-    ffn = _count(data, "intermediate_size", where)
-    layers = _count(data, "num_hidden_layers", where)
-    vocab = _count(data, "vocab_size", where)
-    if hidden % heads:
-        raise ValueError(f"{where}: hidden_size: {hidden} is not divisible by num_attention_heads={heads}")
-    if heads % kv_heads:
-        raise ValueError(f"{where}: num_key_value_heads: {kv_heads} does not divide num_attention_heads={heads}")
-    _divides(tensor_parallel, "tensor-parallel (--tp)", heads, "num_attention_heads", where)
-    if kv_heads % tensor_parallel and tensor_parallel % kv_heads:
-        raise ValueError(f"{where}: num_key_value_heads: {kv_heads} KV heads cannot be split or replicated "
-                         f"evenly over tensor-parallel size {tensor_parallel} (--tp)")
-    _divides(tensor_parallel, "tensor-parallel (--tp)", ffn, "intermediate_size", where)
-    try:
-        return TransformerConfig(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=ffn,
-                                 gated_ffn=True, vocab=vocab, seq=seq, micro_batch=micro_batch,
-                                 tensor_parallel=tensor_parallel, sequence_parallel=sequence_parallel,
-                                 flash_attention=True, data_parallel=data_parallel)
-    except ValueError as exc:
-        raise ValueError(f"{where}: {exc}") from None
-
-
 def _moe_layout(data: Mapping, kind: str, layers: int, where: str) -> list[bool]:
     """Which decoder layers are MoE layers, per family."""
     if kind == "mixtral":
@@ -115,37 +73,28 @@ def _moe_layout(data: Mapping, kind: str, layers: int, where: str) -> list[bool]
     return [i not in only and (i + 1) % step == 0 for i in range(layers)]
 
 
-def moe_shape(data: Mapping, where: str, *, seq: int, micro_batch: int = 1, tensor_parallel: int = 1,
-              expert_parallel: int = 1, sequence_parallel: bool = True, data_parallel: int = 1) -> tuple:
-    """``(MoEShape, moe_layers)`` of a Mixtral, Qwen2-MoE, Qwen3-MoE or DeepSeek-V3 config."""
-    kind = data["model_type"]
-    if not sequence_parallel:
-        raise ValueError(f"{where}: MoE options are modelled with sequence parallelism only")
+def architecture(data: Any, where: str) -> Architecture:
+    """The :class:`gpuknap.costs.Architecture` of a dense or MoE config (``where`` names it in errors)."""
+    if not is_config(data):
+        raise ValueError(f"{where}: not a Hugging Face config (no 'model_type' or 'architectures')")
+    kind = data.get("model_type")
+    if kind not in DENSE_TYPES + MOE_TYPES:
+        raise ValueError(f"{where}: model_type: {kind!r} is not a family gpuknap reads "
+                         f"(dense: {', '.join(DENSE_TYPES)}; MoE: {', '.join(MOE_TYPES)})")
     hidden = _count(data, "hidden_size", where)
     heads = _count(data, "num_attention_heads", where)
     layers = _count(data, "num_hidden_layers", where)
     vocab = _count(data, "vocab_size", where)
-    top_k = _count(data, "num_experts_per_tok", where)
-    _divides(tensor_parallel, "tensor-parallel (--tp)", heads, "num_attention_heads", where)
-    if kind == "deepseek_v3":
-        experts_key, ffn_key = "n_routed_experts", "moe_intermediate_size"
-        q_lora = data.get("q_lora_rank")
-        if q_lora is not None:
-            q_lora = _count(data, "q_lora_rank", where)
-        attention = mla_attention(hidden, heads, q_lora, _count(data, "kv_lora_rank", where),
-                                  _count(data, "qk_nope_head_dim", where), _count(data, "qk_rope_head_dim", where),
-                                  _count(data, "v_head_dim", where))
-        shared = data.get("n_shared_experts", 0) or 0
-        if isinstance(shared, bool) or not isinstance(shared, int) or shared < 0:
-            raise ValueError(f"{where}: n_shared_experts: expected an integer >= 0, got {shared!r}")
-        shared_ffn = shared * _count(data, ffn_key, where)
-    else:
-        kv_heads = _count(data, "num_key_value_heads", where, heads)
-        head_dim = _count(data, "head_dim", where, hidden // heads)
-        if heads % kv_heads:
-            raise ValueError(f"{where}: num_key_value_heads: {kv_heads} does not divide num_attention_heads={heads}")
-        attention = gqa_attention(hidden, heads, kv_heads, head_dim)
-        if kind == "mixtral":
+    experts, moe_layers, ffn = None, (), 0
+    if kind in MOE_TYPES:
+        top_k = _count(data, "num_experts_per_tok", where)
+        if kind == "deepseek_v3":
+            experts_key, ffn_key = "n_routed_experts", "moe_intermediate_size"
+            shared = data.get("n_shared_experts", 0) or 0
+            if isinstance(shared, bool) or not isinstance(shared, int) or shared < 0:
+                raise ValueError(f"{where}: n_shared_experts: expected an integer >= 0, got {shared!r}")
+            shared_ffn = shared * _count(data, ffn_key, where)
+        elif kind == "mixtral":
             experts_key, ffn_key, shared_ffn = "num_local_experts", "intermediate_size", 0
         else:
             experts_key, ffn_key = "num_experts", "moe_intermediate_size"
@@ -153,59 +102,123 @@ def moe_shape(data: Mapping, where: str, *, seq: int, micro_batch: int = 1, tens
             if isinstance(shared_ffn, bool) or not isinstance(shared_ffn, int) or shared_ffn < 0:
                 raise ValueError(f"{where}: shared_expert_intermediate_size: expected an integer >= 0, "
                                  f"got {shared_ffn!r}")
-    experts = _count(data, experts_key, where)
-    if top_k > experts:
-        raise ValueError(f"{where}: num_experts_per_tok: {top_k} is more than the {experts} experts ({experts_key})")
-    _divides(expert_parallel, "expert-parallel (--ep)", experts, experts_key, where)
-    moe_layers = _moe_layout(data, kind, layers, where)
-    dense_ffn = _count(data, "intermediate_size", where) if not all(moe_layers) else 0
-    if dense_ffn:
-        _divides(tensor_parallel, "tensor-parallel (--tp)", dense_ffn, "intermediate_size", where)
-    shape = MoEShape(hidden=hidden, attention=attention, dense_ffn=dense_ffn, experts=experts, top_k=top_k,
-                     expert_ffn=_count(data, ffn_key, where), shared_ffn=shared_ffn, vocab=vocab, seq=seq,
-                     micro_batch=micro_batch, tensor_parallel=tensor_parallel, expert_parallel=expert_parallel,
-                     data_parallel=data_parallel)
-    return shape, moe_layers
+        count = _count(data, experts_key, where)
+        if top_k > count:
+            raise ValueError(f"{where}: num_experts_per_tok: {top_k} is more than the {count} experts ({experts_key})")
+        experts = Experts(experts=count, top_k=top_k, ffn=_count(data, ffn_key, where), shared_ffn=shared_ffn)
+        moe_layers = tuple(_moe_layout(data, kind, layers, where))
+        if not all(moe_layers):
+            ffn = _count(data, "intermediate_size", where)
+    else:
+        ffn = _count(data, "intermediate_size", where)
+    latent, kv_heads, head_dim = None, None, None
+    if kind == "deepseek_v3":
+        q_lora = data.get("q_lora_rank")
+        latent = LatentAttention(q_lora=0 if q_lora is None else _count(data, "q_lora_rank", where),
+                                 kv_lora=_count(data, "kv_lora_rank", where),
+                                 nope=_count(data, "qk_nope_head_dim", where),
+                                 rope=_count(data, "qk_rope_head_dim", where), v_dim=_count(data, "v_head_dim", where))
+    else:
+        kv_heads = _count(data, "num_key_value_heads", where, heads)
+        if heads % kv_heads:
+            raise ValueError(f"{where}: num_key_value_heads: {kv_heads} does not divide num_attention_heads={heads}")
+        head_dim = data.get("head_dim")
+        if head_dim is not None:
+            head_dim = _count(data, "head_dim", where)
+        elif hidden % heads:
+            raise ValueError(f"{where}: hidden_size: {hidden} is not divisible by num_attention_heads={heads}")
+    try:
+        return Architecture(layers=layers, hidden=hidden, heads=heads, vocab=vocab, ffn=ffn, head_dim=head_dim,
+                            kv_heads=kv_heads, gated=True, latent=latent, experts=experts, moe_layers=moe_layers)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+
+
+#: Per MoE family: the config's fields of the expert count, the expert width and the shared width.
+EXPERT_FIELDS = {"mixtral": ("num_local_experts", "intermediate_size", ""),
+                 "qwen2_moe": ("num_experts", "moe_intermediate_size", "shared_expert_intermediate_size"),
+                 "qwen3_moe": ("num_experts", "moe_intermediate_size", "shared_expert_intermediate_size"),
+                 "deepseek_v3": ("n_routed_experts", "moe_intermediate_size", "n_shared_experts")}
+
+
+def check_parallel(arch: Architecture, tr: Training, where: str, family: str = "") -> None:
+    """The divisibility rules Megatron applies, the same for every family (ValueError naming the
+    config's field and the flag)."""
+    names = EXPERT_FIELDS.get(family, ("number of experts", "expert intermediate size", "shared experts' size"))
+    t = tr.tp
+    _divides(t, "tensor-parallel (--tp)", arch.heads, "num_attention_heads", where)
+    if arch.latent is None and arch.kv % t and t % arch.kv:
+        raise ValueError(f"{where}: num_key_value_heads: {arch.kv} KV heads cannot be split or replicated "
+                         f"evenly over tensor-parallel size {t} (--tp)")
+    if arch.ffn and not all(arch.moe_layers or [False]):
+        _divides(t, "tensor-parallel (--tp)", arch.ffn, "intermediate_size", where)
+    if arch.experts is None:
+        if tr.ep != 1 or tr.expert_tensor_parallel not in (None, t):
+            flag = "--ep" if tr.ep != 1 else "--etp"
+            raise ValueError(f"{where}: expert parallelism ({flag}) applies to MoE models only")
+    else:
+        _divides(tr.ep, "expert-parallel (--ep)", arch.experts.experts, names[0], where)
+        _divides(tr.etp, "expert-tensor-parallel (--etp)", arch.experts.ffn, names[1], where)
+        if arch.experts.shared_ffn:
+            _divides(t, "tensor-parallel (--tp)", arch.experts.shared_ffn, names[2], where)
+        if tr.stage_ranks % (tr.ep * tr.etp):
+            raise ValueError(f"{where}: expert-parallel x expert-tensor-parallel = {tr.ep * tr.etp} (--ep, --etp) must "
+                             f"divide the {tr.stage_ranks} ranks of a pipeline stage (TP x CP x DP)")
+    if tr.seq % tr.cp:
+        raise ValueError(f"{where}: the sequence length {tr.seq} (--seq) is not divisible by the context-parallel "
+                         f"size {tr.cp} (--cp)")
 
 
 def model_of(data: Any, where: str, capacity: float, micro_batches: int, reserved: float = 0.0,
-             **training: Any) -> PipelineModel:
-    """A :class:`PipelineModel` of a parsed config; ``training`` as for :func:`transformer_config`."""
-    if is_config(data) and data.get("model_type") in MOE_TYPES:
-        shape, moe_layers = moe_shape(data, where, **training)
-        return moe_model(shape, moe_layers, capacity, micro_batches, reserved)
-    return transformer_model(transformer_config(data, where, **training), capacity, micro_batches, reserved)
+             device: Any = None, **training: Any) -> PipelineModel:
+    """A :class:`PipelineModel` of a parsed config on ``device`` (a preset name or Device; None for
+    the default), trained as ``training`` says (keywords of :class:`gpuknap.costs.Training`)."""
+    arch = architecture(data, where)
+    try:
+        tr = Training(**training)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{where}: {exc}") from None
+    check_parallel(arch, tr, where, data.get("model_type", ""))
+    return build(arch, tr, costs_device(device), capacity, micro_batches, reserved)
 
 
 def spec_of(data: Mapping, path: str, capacity: Any, micro_batches: Any, stages: Any, bucket: Any,
             reserved: Any, training: dict) -> Spec:
-    """The :class:`Spec` of a parsed config, the keyword arguments checked already."""
-    for name, value, flag in (("capacity", capacity, "--capacity"), ("micro_batches", micro_batches,
-                                                                     "--micro-batches"),
-                              ("seq", training.get("seq"), "--seq")):
+    """The :class:`Spec` of a parsed config, the keyword arguments checked already: the device's
+    memory is the capacity unless one is given, and the framework's typical overhead is reserved
+    unless ``reserved`` says otherwise."""
+    for name, value, flag in (("micro_batches", micro_batches, "--micro-batches"), ("seq", training.get("seq"), "--seq")):
         if value is None:
             raise ValueError(f"{path}: a Hugging Face config needs {name} ({flag}): it describes the model, "
-                             "not the device or the training run")
-    reserved = 0.0 if reserved is None else reserved
+                             "not the training run")
+    dev = device_of(training)
+    capacity = dev.memory if capacity is None else capacity
+    reserved = default_reserved(capacity) if reserved is None else reserved
     if reserved >= capacity:
         raise ValueError(f"reserved: {reserved:,.0f} bytes reserved leave nothing of the {capacity:,.0f}-byte capacity")
-    model = model_of(data, path, capacity, micro_batches, reserved, **training)
+    keywords = {k: v for k, v in training.items() if k not in DEVICE and k != "recompute"}
+    if stages is not None:
+        keywords.setdefault("pipeline_parallel", stages)
+    model = model_of(data, path, capacity, micro_batches, reserved, device=dev, **keywords)
+    if training.get("recompute"):
+        model = fixed(model, training["recompute"])
     arch = data.get("architectures")
     name = next((n for n in (data.get("_name_or_path"), arch[0] if isinstance(arch, list) and arch else None)
                  if isinstance(n, str) and n), os.path.basename(path))
     return Spec(model, stages, 1, None, MEGABYTE if bucket is None else bucket, path, name[:80])
 
 
-def load(path: str | os.PathLike, *, capacity: Any, micro_batches: int, stages: int | None = None, seq: int,
-         micro_batch: int = 1, tensor_parallel: int = 1, expert_parallel: int = 1, sequence_parallel: bool = True,
-         data_parallel: int = 1, reserved: Any = None, bucket: Any = None) -> Spec:
+def load(path: str | os.PathLike, *, micro_batches: int, seq: int, capacity: Any = None, stages: int | None = None,
+         reserved: Any = None, bucket: Any = None, **training: Any) -> Spec:
     """The :class:`gpuknap.formats.Spec` of a ``config.json`` (``.model`` is a PipelineModel).
 
-    ``capacity`` (bytes or a string with a unit), ``micro_batches`` and ``seq``
-    are required: a config says nothing about the device or the training run.
+    ``micro_batches`` and ``seq`` are required: a config says nothing about the training run.
+    ``capacity`` (bytes or a string with a unit) defaults to the device's memory; ``training``
+    takes ``micro_batch``, the parallel sizes (``tensor_parallel``, ``expert_parallel``,
+    ``expert_tensor_parallel``, ``context_parallel``, ``data_parallel``), ``sequence_parallel``,
+    the device (``device``, ``gpus_per_node``, ``efficiency``, ``device_fields``) and ``recompute``.
     """
-    training = dict(seq=seq, micro_batch=micro_batch, tensor_parallel=tensor_parallel,
-                    expert_parallel=expert_parallel, sequence_parallel=sequence_parallel, data_parallel=data_parallel)
+    training = dict(training, seq=seq)
     capacity, micro_batches, stages, bucket, reserved, training = check_arguments(
         capacity, micro_batches, stages, bucket, reserved, training)
     path = os.fspath(path)

@@ -15,15 +15,21 @@ import os
 from dataclasses import fields, replace
 from typing import Any, Mapping
 
-from ..costs import PRESETS, TransformerConfig, transformer_model
+from ..costs import PRESETS, TransformerConfig, fixed, transformer_model
+from ..costs import device as costs_device
 from ..engine import MEGABYTE, LayerOption
 from ..search import MAX_IN_FLIGHT, MAX_LAYERS, PipelineModel
 from . import hf, sapp_ppb
 from ._documents import check_keys, read_document
-from ._fields import TRAINING, Fields, Spec, check_arguments, short
+from ._fields import TRAINING, Fields, Spec, check_arguments, default_reserved, device_of, short
 
 TOP_LEVEL = ("name", "layers", "kinds", "transformer", "device", "pipeline", "bucket")
-DEVICE = ("capacity", "reserved")
+DEVICE = ("capacity", "reserved", "preset", "gpus_per_node", "efficiency", "peak_flops", "memory_bandwidth",
+          "intra_bandwidth", "inter_bandwidth", "intra_latency", "inter_latency", "memory_efficiency",
+          "link_efficiency")
+#: Keyword -> flag of the device keywords.
+DEVICE_FLAGS = {"device": "--device", "gpus_per_node": "--gpus-per-node", "efficiency": "--efficiency",
+                "device_fields": "--device-field", "recompute": "--recompute"}
 PIPELINE = ("stages", "micro_batches", "interleave", "in_flight")
 LAYER_RUN = ("kind", "count")
 KIND = ("static", "options")
@@ -115,14 +121,19 @@ def load_spec(path: str | os.PathLike, *, capacity: Any = None, micro_batches: i
     f.mapping(data, "(top level)")
     if hf.is_config(data):
         return hf.spec_of(data, path, capacity, micro_batches, stages, bucket, reserved, training)
-    if training:
-        name = sorted(training)[0]
-        flag = TRAINING.get(name, ("--" + name,))[0]
-        raise ValueError(f"{name} ({flag}): applies to Hugging Face config.json files only, "
-                         f"and {path} is a gpuknap spec or a SAPP-PPB profile")
+    analytic = isinstance(data, Mapping) and "transformer" in data and "layers_description" not in data
+    if training and not analytic:
+        name = next((k for k in sorted(training) if k != "device"), None)
+        if name is not None:
+            flag = TRAINING.get(name, (DEVICE_FLAGS.get(name, "--" + name),))[0]
+            raise ValueError(f"{name} ({flag}): applies to analytic models (a Hugging Face config.json or a spec "
+                             f"with a 'transformer' section), and {path} gives its layers' options itself")
     if "layers_description" in data:  # a SAPP-PPB profile
+        if capacity is None and "device" in training:
+            capacity = training["device"].memory
         if capacity is None or micro_batches is None:
-            raise f.fail("(SAPP-PPB profile)", "give the device capacity and micro-batches (--capacity, --micro-batches)")
+            raise f.fail("(SAPP-PPB profile)", "give the device capacity (--capacity or --device) and "
+                                               "micro-batches (--micro-batches)")
         model = sapp_ppb.model_of(data, path, capacity, micro_batches, reserved or 0.0)
         name = data.get("name", os.path.basename(path))
         return Spec(model, stages, 1, None, MEGABYTE if bucket is None else bucket, path,
@@ -131,12 +142,19 @@ def load_spec(path: str | os.PathLike, *, capacity: Any = None, micro_batches: i
     name = f.text(data["name"], "name") if "name" in data else os.path.basename(path)
     device = f.mapping(data.get("device", {}), "device", DEVICE)
     pipeline = f.mapping(data.get("pipeline", {}), "pipeline", PIPELINE)
+    dev = _device(f, device, training)
     if capacity is None:
-        if "capacity" not in device:
-            raise f.fail("device.capacity", "missing (the device memory, e.g. '80 GiB')")
-        capacity = f.quantity(device["capacity"], "device.capacity", "bytes", positive=True)
+        if "capacity" in device:
+            capacity = f.quantity(device["capacity"], "device.capacity", "bytes", positive=True)
+        elif analytic or "preset" in device or "device" in training:
+            capacity = dev.memory
+        else:
+            raise f.fail("device.capacity", "missing (the device memory, e.g. '80 GiB', or a device preset)")
     if reserved is None:
-        reserved = f.quantity(device.get("reserved", 0), "device.reserved", "bytes")
+        if "reserved" in device:
+            reserved = f.quantity(device["reserved"], "device.reserved", "bytes")
+        else:  # analytic models know nothing of the framework's own memory: reserve its typical overhead
+            reserved = default_reserved(capacity) if analytic else 0.0
     if reserved >= capacity:
         blame = "device.reserved" if "reserved" in device else "reserved"
         raise f.fail(blame, f"{reserved:,.0f} bytes reserved leave nothing of the {capacity:,.0f}-byte capacity")
@@ -144,11 +162,16 @@ def load_spec(path: str | os.PathLike, *, capacity: Any = None, micro_batches: i
         if "micro_batches" not in pipeline:
             raise f.fail("pipeline.micro_batches", "missing")
         micro_batches = f.integer(pipeline["micro_batches"], "pipeline.micro_batches", 1, MAX_IN_FLIGHT)
-    if "transformer" in data:
+    if stages is None and "stages" in pipeline:
+        stages = f.integer(pipeline["stages"], "pipeline.stages", 1, MAX_LAYERS)
+    if analytic:
         if "layers" in data or "kinds" in data:
             raise f.fail("transformer", "give either 'transformer' or 'layers' and 'kinds', not both")
         try:
-            model = transformer_model(config_from(data["transformer"]), capacity, micro_batches, reserved)
+            config = trained(config_from(data["transformer"]), training, stages)
+            model = transformer_model(config, capacity, micro_batches, reserved, dev)
+            if training.get("recompute"):
+                model = fixed(model, training["recompute"])
         except ValueError as exc:
             raise ValueError(f"{path}: {exc}") from None
     else:
@@ -158,8 +181,6 @@ def load_spec(path: str | os.PathLike, *, capacity: Any = None, micro_batches: i
         fronts, static = _kinds(f, data["kinds"])
         kinds = _layers(f, data["layers"], fronts)
         model = PipelineModel(kinds, fronts, static, capacity, micro_batches, reserved)
-    if stages is None and "stages" in pipeline:
-        stages = f.integer(pipeline["stages"], "pipeline.stages", 1, MAX_LAYERS)
     chunks = f.integer(pipeline.get("interleave", 1), "pipeline.interleave", 1, 64)
     in_flight = pipeline.get("in_flight")
     if in_flight is not None:
@@ -202,3 +223,45 @@ def config_from(data: Mapping[str, Any], where: str = "transformer") -> Transfor
         return TransformerConfig(**data)
     except ValueError as exc:
         raise ValueError(str(exc).replace("transformer.", f"{where}.", 1)) from None
+
+
+def _device(f: Fields, section: Mapping, training: dict) -> Any:
+    """The device of a spec: the keywords' (``--device`` and friends) over the spec's ``device``
+    section (``preset`` and any field of :class:`gpuknap.costs.Device`), over the default preset."""
+    preset = section.get("preset")
+    if preset is not None and not isinstance(preset, str):
+        raise f.fail("device.preset", f"expected a device name, got {short(preset)}")
+    fields_ = {}
+    for key, value in section.items():
+        if key in ("capacity", "reserved", "preset"):
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise f.fail(f"device.{key}", f"expected a number, got {short(value)}")
+        fields_[key] = value
+    try:
+        base = costs_device(preset, **fields_)
+    except ValueError as exc:
+        raise f.fail("device", str(exc).split(": ", 1)[-1]) from None
+    if not {"device", "gpus_per_node", "efficiency", "device_fields"} & set(training):
+        return base
+    keywords = dict(training)
+    keywords.setdefault("device", base)
+    return device_of(keywords)
+
+
+#: Keyword -> TransformerConfig field of the training keywords a transformer section takes.
+CONFIG_OF = {"seq": "seq", "micro_batch": "micro_batch", "tensor_parallel": "tensor_parallel",
+             "context_parallel": "context_parallel", "data_parallel": "data_parallel",
+             "pipeline_parallel": "pipeline_parallel", "sequence_parallel": "sequence_parallel"}
+
+
+def trained(config: TransformerConfig, training: dict, stages: int | None) -> TransformerConfig:
+    """A transformer section with the training keywords applied (``--tp``, ``--dp``, ...)."""
+    changes = {CONFIG_OF[k]: v for k, v in training.items() if k in CONFIG_OF}
+    for key in ("expert_parallel", "expert_tensor_parallel"):
+        if training.get(key, 1) != 1:
+            raise ValueError(f"{key}: a spec's transformer section is a dense model; expert parallelism applies "
+                             "to MoE models (a Hugging Face config.json)")
+    if stages is not None and "pipeline_parallel" not in changes:
+        changes["pipeline_parallel"] = stages
+    return replace(config, **changes) if changes else config

@@ -49,7 +49,9 @@ MAX_IN_FLIGHT = 1_000_000
 class PipelineModel:
     """Layers in order (``kinds``), their options (``fronts``) and static bytes
     per layer of each kind (``static``), the device ``capacity`` and
-    ``reserved`` bytes, and ``micro_batches`` per iteration."""
+    ``reserved`` bytes, and ``micro_batches`` per iteration.  ``costs``: what a cost model
+    knows beyond the options (device, parallel sizes, FLOPs, communication; a
+    :class:`gpuknap.costs.ModelCosts`), or None for measured profiles; the search never reads it."""
 
     kinds: tuple
     fronts: Mapping
@@ -57,6 +59,7 @@ class PipelineModel:
     capacity: float
     micro_batches: int
     reserved: float = 0.0
+    costs: Any = field(default=None, repr=False, compare=False)
     _order: tuple = field(init=False, repr=False, compare=False)
     _stages: dict = field(init=False, repr=False, compare=False)
 

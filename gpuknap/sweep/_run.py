@@ -21,6 +21,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..engine import PipelineChoice, Planner, report
+from ..costs import pipeline_send, run_of
 from ..schedule import chunk_times, iteration_times
 from ..search import (
     SegmentSource,
@@ -157,28 +158,39 @@ def _rows(config: dict, found: list, model: Any, plan: Planner, v: int, exact: b
         names = model.option_names(counts, choice, None, v)
         out.append({"config": config, "rank": i + 1, "counts": [int(c) for c in counts], "score": float(value),
                     "iteration_time": None, "throughput": None, "peak_memory_bytes": peak, "feasible": True,
-                    "exact": exact, "_times": chunk_times(model, counts, names, v)})
+                    "exact": exact, "_times": chunk_times(model, counts, names, v), "_run": (model, names)})
     return out
 
 
 def _simulate_rows(rows: list, global_batch: int, time_unit: float, tokens: Any) -> None:
     """Fill every feasible row's simulated iteration time and throughput: one batched
-    simulation per (stages, chunks, micro-batches)."""
+    simulation per (stages, chunks, micro-batches, pipeline send).  A cost-modelled row's
+    iteration adds its stages' tails (exposed data-parallel communication, optimizer step)
+    and carries MFU, TFLOP/s per GPU and the busiest stage's time breakdown (seconds)."""
     groups: dict[tuple, list] = {}
     for r in rows:
         if r["feasible"]:
             c = r["config"]
-            groups.setdefault((c["stages"], c["interleave"], c["micro_batches"]), []).append(r)
-    for (p, v, m), members in groups.items():
+            send = pipeline_send(r["_run"][0], c["stages"])
+            groups.setdefault((c["stages"], c["interleave"], c["micro_batches"], send), []).append(r)
+    for (p, v, m, send), members in groups.items():
         fwd = np.array([r["_times"].forward for r in members], dtype=np.float64)
         bwd = np.array([r["_times"].backward for r in members], dtype=np.float64)
-        times = iteration_times(fwd, bwd, m, "interleaved" if v > 1 else "1f1b")
+        times = iteration_times(fwd, bwd, m, "interleaved" if v > 1 else "1f1b", send)
         for r, t in zip(members, times.tolist()):
             del r["_times"]
-            samples = global_batch / (t * time_unit) if t > 0 else math.inf
-            r["iteration_time"] = t
+            model, names = r.pop("_run")
+            run = run_of(model, r["counts"], names, v, t) if model.costs is not None else None
+            seconds = run.iteration_time if run is not None else t * time_unit
+            samples = global_batch / seconds if seconds > 0 else math.inf
+            r["iteration_time"] = t if run is None else run.iteration_time / time_unit
+            r["iteration_time_s"] = seconds
             r["throughput"] = {"samples_per_second": samples,
                                "tokens_per_second": None if tokens is None else samples * tokens}
+            r["mfu"] = None if run is None else run.mfu
+            r["tflops_per_gpu"] = None if run is None else run.tflops_per_gpu
+            r["breakdown"] = None if run is None else run.breakdown
+            r["stage_breakdown"] = None if run is None else list(run.stages)
 
 
 def order_rows(rows: list, configs: list) -> list:

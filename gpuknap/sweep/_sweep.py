@@ -21,17 +21,22 @@ from ._run import SCORES, order_rows, run_configs
 from ._sources import builder_of
 
 
-def _source(source: Any, capacity: Any, reserved: Any, seq: Any, bucket: Any) -> tuple:
+def _source(source: Any, capacity: Any, reserved: Any, seq: Any, bucket: Any, training: dict) -> tuple:
     """``(builder(config) -> PipelineModel, name, bucket, tokens per sample or None)``."""
     if callable(source):
+        if any(v is not None for v in training.values()):
+            name = next(k for k, v in training.items() if v is not None)
+            raise ValueError(f"{name}: a callable source builds its models itself; give it the {name} there")
         return source, getattr(source, "__name__", "model"), MEGABYTE if bucket is None else bucket, seq
-    return builder_of(source, capacity, reserved, seq, bucket)
+    return builder_of(source, capacity, reserved, seq, bucket, training)
 
 
 def sweep(source: Any, grid: Mapping, *, gpus: int, global_batch: int, score: str = "1f1b", top: int = 1,
           backend: Any = "auto", scheduler: Any = None, capacity: Any = None, reserved: Any = None,
           seq: Any = None, bucket: Any = None, max_bytes: int | None = None, time_unit: float = 1e-3,
-          shards: int | None = None) -> Sweep:
+          shards: int | None = None, device: Any = None, gpus_per_node: int | None = None,
+          efficiency: float | None = None, device_fields: Mapping | None = None, expert_parallel: int | None = None,
+          expert_tensor_parallel: int | None = None, context_parallel: int | None = None) -> Sweep:
     """Score every configuration of ``grid`` on ``gpus`` GPUs at ``global_batch`` samples a step.
 
     ``source``: a spec with a ``transformer`` section, a Hugging Face ``config.json``
@@ -42,7 +47,9 @@ def sweep(source: Any, grid: Mapping, *, gpus: int, global_batch: int, score: st
     ``time_unit``: seconds per profile time unit (analytic and Hugging Face models
     are in ms).  ``scheduler``: a Dask scheduler address or ``distributed.Client``
     to shard the configurations over (``shards`` of them, default two per worker);
-    None runs in process without Dask.  Rows are identical either way.
+    None runs in process without Dask.  Rows are identical either way.  ``device`` (a preset
+    name; ``gpus_per_node``, ``efficiency``, ``device_fields`` override it) and the expert and
+    context parallel sizes apply to every configuration of a spec or config source.
     """
     if score not in SCORES:
         raise ValueError(f"score must be one of {SCORES} for a sweep (every row carries its simulated time), "
@@ -55,7 +62,10 @@ def sweep(source: Any, grid: Mapping, *, gpus: int, global_batch: int, score: st
         check_max_bytes(max_bytes)
     if not (isinstance(time_unit, (int, float)) and 0 < time_unit < math.inf):
         raise ValueError(f"time_unit must be a positive number of seconds, got {time_unit!r}")
-    builder, _, bucket, tokens = _source(source, capacity, reserved, seq, bucket)
+    training = {"device": device, "gpus_per_node": gpus_per_node, "efficiency": efficiency,
+                "device_fields": device_fields, "expert_parallel": expert_parallel,
+                "expert_tensor_parallel": expert_tensor_parallel, "context_parallel": context_parallel}
+    builder, _, bucket, tokens = _source(source, capacity, reserved, seq, bucket, training)
     layers = getattr(builder, "layers", None)
     configs, skipped = expand(grid, gpus, global_batch, layers)
     if not configs:

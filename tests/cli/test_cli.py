@@ -26,7 +26,7 @@ def run(*args, check_rc=None):
 
 def test_best_default_example_human_table():
     p = run("best", "--quiet", check_rc=0)
-    assert "slowest" in p.stdout and "*" in p.stdout and "memory / budget" in p.stdout
+    assert "slowest" in p.stdout and "*" in p.stdout and "total / capacity" in p.stdout
 
 
 @pytest.mark.parametrize("score", ["slowest", "1f1b", "simulated"])

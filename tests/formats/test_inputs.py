@@ -9,8 +9,7 @@ import pytest
 from paths import EXAMPLES, PACKAGED, SAMPLE, SHARED  # noqa: F401
 
 from gpuknap import MEGABYTE, pp_lite
-from gpuknap.costs import PRESETS, TransformerConfig, activation_bytes, layer_options
-from gpuknap.formats import config_from, load_spec, parse_quantity, sapp_ppb
+from gpuknap.formats import load_spec, parse_quantity, sapp_ppb
 
 
 def test_sapp_ppb_worked_example():
@@ -109,34 +108,3 @@ def test_yaml_and_json_specs_load():
     assert s.model.layers == 98  # embedding + 96 layers + output
 
 
-def test_korthikanti_formulas():
-    c = TransformerConfig(layers=2, hidden=1024, heads=16, ffn=4096, seq=2048, micro_batch=2,
-                          tensor_parallel=4, sequence_parallel=False, flash_attention=False)
-    s, b, h, a, t = 2048, 2, 1024, 16, 4
-    mem = activation_bytes(c)
-    assert math.isclose(mem["NONE"], s * b * h * (10 + 24 / t + 5 * a * s / (h * t)))
-    assert math.isclose(mem["SELECTIVE"], s * b * h * (10 + 24 / t))
-    assert mem["FULL"] == 2 * s * b * h
-    sp = activation_bytes(config_from({"layers": 2, "hidden": 1024, "heads": 16, "ffn": 4096, "seq": 2048,
-                                       "micro_batch": 2, "tensor_parallel": 4, "flash_attention": False}))
-    assert math.isclose(sp["NONE"], s * b * h * (34 / t + 5 * a * s / (h * t)))
-    assert math.isclose(sp["FULL"], 2 * s * b * h / t)
-    opts = {o.name: o for o in layer_options(c)}
-    flops = 24 * b * s * h * h + 4 * b * s * s * h
-    fwd = flops / t / (c.peak_flops * c.efficiency) * 1e3
-    assert math.isclose(opts["NONE"].forward_time, fwd) and math.isclose(opts["NONE"].backward_time, 2 * fwd)
-    assert math.isclose(opts["FULL"].backward_time, 3 * fwd)
-    core = 4 * b * s * s * h / t / (c.peak_flops * c.efficiency) * 1e3
-    assert math.isclose(opts["SELECTIVE"].backward_time, 2 * fwd + core)
-
-
-def test_presets_and_bad_config():
-    assert {"llama2-70b", "gpt3-175b"} <= set(PRESETS)
-    with pytest.raises(ValueError, match="transformer: unknown field"):
-        config_from({"preset": "llama2-70b", "hiden": 3})
-    with pytest.raises(ValueError, match="transformer.preset"):
-        config_from({"preset": "llama9"})
-    with pytest.raises(ValueError, match="missing"):
-        config_from({"hidden": 3})
-    with pytest.raises(ValueError, match="efficiency"):
-        config_from({"preset": "gpt3-175b", "efficiency": 2})

@@ -1,0 +1,184 @@
+"""From a shape, a training run and a device to a :class:`PipelineModel` whose options cost time and
+memory as docs/costs.md derives, plus what the model needs beyond its options (:class:`ModelCosts`).
+
+Options of a dense decoder layer: ``NONE`` (keep every activation), ``SLCT`` (recompute the
+attention core: Megatron's ``core_attn``), ``FULL`` (recompute the whole layer, keep its
+input); a MoE layer adds ``MOEACT`` (recompute the routed experts' activation function:
+Megatron's ``moe_act``) and ``SLCT+MOEACT``.  Times are in milliseconds, each option's
+``parts`` splitting its forward plus backward time into compute, recompute and the
+communication of tensor (``tp``), context (``cp``) and expert (``ep``) parallelism.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from ..engine import LayerOption
+from ..search import PipelineModel
+from ._arch import Architecture
+from ._comm import Training, all_gather, links, send
+from ._devices import Device
+from ._layers import ACT, FP32, LayerCost, layer_cost
+
+MS = 1e3
+#: Parameters per gradient bucket of Megatron's distributed data parallel (its default bucket size).
+BUCKET_PARAMS = 40_000_000
+#: Bytes an Adam step streams per parameter: fp32 gradient, master weight and two moments read,
+#: the three written back, and the 16-bit weight written.
+ADAM_BYTES = 30
+
+
+@dataclass(frozen=True)
+class ModelCosts:
+    """What a cost-modelled :class:`PipelineModel` knows beyond its options (times in ms):
+    ``flops[kind]`` Megatron's model FLOPs of one layer for one micro-batch (forward and
+    backward, no recompute), ``params[kind]``/``expert_params[kind]`` per rank, ``p2p`` one
+    micro-batch's activations sent to the next stage."""
+
+    device: Device
+    training: Training
+    micro_batches: int
+    flops: Mapping = field(default_factory=dict)
+    params: Mapping = field(default_factory=dict)
+    expert_params: Mapping = field(default_factory=dict)
+    p2p: float = 0.0
+    time_unit: float = 1e-3
+
+    def tail(self, kinds: Mapping) -> float:
+        """Time after a stage's last backward (ms): the exposed part of the data-parallel gradient
+        reduce-scatter and parameter all-gather (one bucket, the rest overlapping the backward
+        pass), then the optimizer step.  ``kinds``: the stage's layers per kind."""
+        tr, dev = self.training, self.device
+        dense = sum(n * self.params.get(k, 0.0) for k, n in kinds.items())
+        expert = sum(n * self.expert_params.get(k, 0.0) for k, n in kinds.items())
+        out = 0.0
+        for count, group, size in ((dense, "dp", tr.dp * tr.cp), (expert, "edp", tr.expert_data_parallel)):
+            if count and size > 1:
+                link = links(dev, tr, group)
+                bucket = min(count, BUCKET_PARAMS)
+                out += all_gather(FP32 * bucket, size, link) + all_gather(ACT * bucket, size, link)
+        shards = tr.shards()
+        out += dev.memory_seconds(ADAM_BYTES * (dense / shards + expert / max(tr.expert_data_parallel, 1)))
+        return out * MS
+
+    def model_flops(self, kinds: Mapping) -> float:
+        """Model FLOPs of an iteration over the whole cluster for layers counted per kind."""
+        per_replica = sum(n * self.flops.get(k, 0.0) for k, n in kinds.items())
+        return per_replica * self.micro_batches * self.training.dp
+
+
+def options(cost: LayerCost, device: Device) -> list[LayerOption]:
+    """The recompute options of one layer."""
+    mm, mem = device.matmul_seconds, device.memory_seconds
+    compute_f = mm(cost.matmul) + mem(cost.stream)
+    comm_f = cost.tp_forward + cost.cp_forward + cost.ep_forward
+    fwd = compute_f + comm_f
+    bwd = 2 * compute_f + cost.tp_backward + cost.cp_backward + cost.ep_backward
+    base = {"compute": 3 * compute_f, "tp": cost.tp_forward + cost.tp_backward,
+            "cp": cost.cp_forward + cost.cp_backward, "ep": cost.ep_forward + cost.ep_backward}
+    core = mm(cost.core) + mem(cost.core_stream) + cost.cp_forward
+    act = mem(cost.act_stream)
+    kinds = [("NONE", cost.activations, {}),
+             ("SLCT", cost.activations - cost.core_activations, {"recompute": core})]
+    if cost.moe:
+        kinds += [("MOEACT", cost.activations - cost.act_outputs, {"recompute": act}),
+                  ("SLCT+MOEACT", cost.activations - cost.core_activations - cost.act_outputs,
+                   {"recompute": core + act})]
+    kinds.append(("FULL", cost.layer_input, {"recompute": compute_f, "tp": cost.tp_forward,
+                                             "cp": cost.cp_forward, "ep": cost.ep_forward}))
+    out = []
+    for name, memory, extra in kinds:
+        parts = {k: v + extra.get(k, 0.0) for k, v in base.items()}
+        parts["recompute"] = extra.get("recompute", 0.0)
+        added = sum(extra.values())
+        out.append(LayerOption(name, memory, fwd * MS, (bwd + added) * MS,
+                               parts=tuple((k, v * MS) for k, v in parts.items() if v)))
+    return out
+
+
+def static_bytes(params: float, expert_params: float, tr: Training) -> float:
+    """Weights, gradients and optimizer state of parameters held by one rank."""
+    edp = tr.expert_data_parallel if tr.distributed_optimizer else 1
+    return (params * (tr.param_bytes + tr.optimizer_bytes / tr.shards())
+            + expert_params * (tr.param_bytes + tr.optimizer_bytes / edp))
+
+
+def _head_tail(arch: Architecture, tr: Training, device: Device) -> tuple:
+    """Options, static bytes and model FLOPs of the embedding (HEAD) and the output layer with its
+    loss (TAIL): the output's fp32 logits are kept for one micro-batch (the last stage runs its
+    backward at once), the embedding's output for every micro-batch in flight."""
+    s, b, h, t, c, v = tr.seq, tr.micro_batch, arch.hidden, tr.tp, tr.cp, arch.vocab
+    n = s * b / c
+    held = n / t if tr.sequence_parallel else n
+    full = ACT * n * h
+    comm = all_gather(full, t, links(device, tr, "tp")) if t > 1 else 0.0
+    head_mem = ACT * held * h + (held * h if arch.dropout else 0.0)
+    head = LayerOption("HEAD", head_mem, comm * MS, comm * MS, parts=(("tp", 2 * comm * MS),) if comm else ())
+    logits = 2 * n * h * v / t
+    compute = device.matmul_seconds(logits) + device.memory_seconds((ACT + 2 * FP32) * n * v / t)
+    tail_comm = (comm, 2 * comm)
+    tail = LayerOption("TAIL", 2 * ACT * held * h, (compute + tail_comm[0]) * MS,
+                       (2 * compute + tail_comm[1]) * MS, held_once=FP32 * n * v / t,
+                       parts=tuple((k, x * MS) for k, x in (("compute", 3 * compute), ("tp", sum(tail_comm))) if x))
+    params = v * h / t
+    norm = (2 if arch.layernorm else 1) * h
+    return head, tail, params, norm, 3 * 2 * s * b * h * v
+
+
+def build(arch: Architecture, tr: Training, device: Device, capacity: float, micro_batches: int,
+          reserved: float) -> PipelineModel:
+    """The :class:`PipelineModel` of a transformer (kinds ``embedding``, ``dense``, ``moe``,
+    ``output``; without a vocabulary only the decoder layers), with its :class:`ModelCosts`."""
+    moe = [arch.is_moe(i) for i in range(arch.layers)]
+    fronts, static, flops, params, expert = {}, {}, {}, {}, {}
+    for kind, is_moe in (("dense", False), ("moe", True)):
+        if is_moe in moe:
+            cost = layer_cost(arch, tr, device, is_moe)
+            fronts[kind] = options(cost, device)
+            static[kind] = static_bytes(cost.params, cost.expert_params, tr)
+            flops[kind] = 3 * cost.model_flops
+            params[kind], expert[kind] = cost.params, cost.expert_params
+    kinds = ["moe" if m else "dense" for m in moe]
+    if arch.vocab:
+        head, tail, vocab_params, norm, logit_flops = _head_tail(arch, tr, device)
+        fronts["embedding"], fronts["output"] = [head], [tail]
+        static["embedding"] = static_bytes(vocab_params, 0.0, tr)
+        static["output"] = static_bytes(vocab_params + norm, 0.0, tr)
+        params["embedding"], params["output"] = vocab_params, vocab_params + norm
+        flops["embedding"], flops["output"] = 0.0, logit_flops
+        kinds = ["embedding"] + kinds + ["output"]
+    p2p = 0.0
+    if tr.pp > 1:
+        activation = ACT * tr.seq * tr.micro_batch / tr.cp * arch.hidden
+        p2p = send(activation / tr.tp if tr.sequence_parallel else activation, links(device, tr, "pp")) * MS
+    costs = ModelCosts(device, tr, micro_batches, flops, params, expert, p2p)
+    return PipelineModel(kinds, fronts, static, capacity, micro_batches, reserved, costs=costs)
+
+
+#: ``--recompute`` values and the option each decoder kind then runs.
+RECOMPUTE = {"none": "NONE", "selective": "SLCT", "full": "FULL"}
+
+
+def fixed(model: PipelineModel, recompute: str | Mapping) -> PipelineModel:
+    """The model with every decoder layer's option fixed, to predict a run as it was run:
+    ``recompute`` is ``none``, ``selective`` or ``full`` for every decoder kind, or a mapping
+    from kind to an option name (kinds not named keep their options)."""
+    if isinstance(recompute, str):
+        if recompute not in RECOMPUTE:
+            raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {recompute!r}")
+        wanted = {kind: RECOMPUTE[recompute] for kind in model.kind_order if kind not in ("embedding", "output")}
+    elif isinstance(recompute, Mapping):
+        wanted = dict(recompute)
+    else:
+        raise ValueError(f"recompute must be a name or a mapping from kind to option name, got {recompute!r}")
+    fronts = dict(model.fronts)
+    for kind, name in wanted.items():
+        if kind not in fronts:
+            raise ValueError(f"recompute: the model has no layer kind {kind!r}; kinds: {list(model.kind_order)}")
+        chosen = [o for o in fronts[kind] if getattr(o, "name", None) == name]
+        if not chosen:
+            names = [getattr(o, "name", o) for o in fronts[kind]]
+            raise ValueError(f"recompute: kind {kind!r} has no option {name!r}; its options: {names}")
+        fronts[kind] = chosen
+    return PipelineModel(model.kinds, fronts, model.static, model.capacity, model.micro_batches, model.reserved,
+                         costs=model.costs)

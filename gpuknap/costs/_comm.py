@@ -1,0 +1,172 @@
+"""How a model is trained, where its parallel groups sit, and what their messages cost.
+
+:class:`Training` holds the sizes of a run: sequence length, micro-batch size,
+tensor (TP), context (CP), expert (EP), expert-tensor (ETP), data (DP) and
+pipeline (PP) parallel sizes, and the precision of weights, gradients and
+optimizer state.  Ranks are laid out as Megatron-Core does by default
+(``tp-cp-ep-dp-pp``: TP innermost, PP outermost; experts ``etp-ep-edp-pp``), so a
+group whose ranks fit in one node talks over the node's links and any other
+over the network (:meth:`Training.spans_nodes`).
+
+Collectives are ring algorithms in the alpha-beta model (docs/costs.md,
+"Communication"): on ``n`` ranks, an all-gather or reduce-scatter of a tensor of
+``S`` bytes moves ``(n - 1) / n * S`` bytes per rank, an all-reduce twice that, an
+all-to-all ``(n - 1) / n`` of what each rank holds, a point-to-point send its
+bytes; each step also pays the link's latency.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from ._devices import Device
+
+#: Most ranks in one parallel dimension.
+MAX_PARALLEL = 1 << 20
+
+
+@dataclass(frozen=True)
+class Training:
+    """How a model is trained (see the module docstring).  ``expert_tensor_parallel`` None means
+    Megatron's default: the TP size.  ``param_bytes``: weights plus gradients per parameter
+    (bf16 weights, fp32 main gradients: 6); ``optimizer_bytes``: fp32 master weights and two
+    Adam moments (12), divided over the data-parallel ranks with the distributed optimizer."""
+
+    seq: int
+    micro_batch: int = 1
+    tensor_parallel: int = 1
+    context_parallel: int = 1
+    expert_parallel: int = 1
+    expert_tensor_parallel: int | None = None
+    data_parallel: int = 1
+    pipeline_parallel: int = 1
+    sequence_parallel: bool = True
+    distributed_optimizer: bool = True
+    param_bytes: float = 6.0
+    optimizer_bytes: float = 12.0
+
+    def __post_init__(self):
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in ("sequence_parallel", "distributed_optimizer"):
+                if not isinstance(value, bool):
+                    raise ValueError(f"training.{f.name} must be true or false, got {value!r}")
+            elif f.name.endswith("_bytes"):
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 64:
+                    raise ValueError(f"training.{f.name} must be a number of bytes from 0 to 64, got {value!r}")
+            elif value is not None:
+                high = 10**7 if f.name in ("seq",) else MAX_PARALLEL
+                if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
+                    raise ValueError(f"training.{f.name} must be an integer from 1 to {high:,}, got {value!r}")
+        if self.seq % self.context_parallel:
+            raise ValueError(f"training.seq: {self.seq} is not divisible by context_parallel={self.context_parallel}")
+
+    @property
+    def tp(self) -> int:
+        return self.tensor_parallel
+
+    @property
+    def cp(self) -> int:
+        return self.context_parallel
+
+    @property
+    def ep(self) -> int:
+        return self.expert_parallel
+
+    @property
+    def etp(self) -> int:
+        return self.tensor_parallel if self.expert_tensor_parallel is None else self.expert_tensor_parallel
+
+    @property
+    def dp(self) -> int:
+        return self.data_parallel
+
+    @property
+    def pp(self) -> int:
+        return self.pipeline_parallel
+
+    @property
+    def gpus(self) -> int:
+        """Devices of the whole run: TP x CP x DP x PP."""
+        return self.tp * self.cp * self.dp * self.pp
+
+    @property
+    def stage_ranks(self) -> int:
+        """Devices of one pipeline stage (TP x CP x DP); EP x ETP must divide them."""
+        return self.tp * self.cp * self.dp
+
+    @property
+    def expert_data_parallel(self) -> int:
+        """Ranks of one stage holding the same expert shard (expert weights' data-parallel group)."""
+        return max(self.stage_ranks // (self.ep * self.etp), 1)
+
+    @property
+    def tokens(self) -> int:
+        """Tokens of one micro-batch on one data-parallel replica."""
+        return self.seq * self.micro_batch
+
+    def shards(self) -> float:
+        """What the optimizer state of non-expert weights is divided by (DP x CP with the
+        distributed optimizer: Megatron shards over the data-parallel group with CP folded in)."""
+        return self.dp * self.cp if self.distributed_optimizer else 1
+
+    def stride(self, group: str) -> tuple[int, int]:
+        """``(stride, size)`` of a group's ranks in the rank order."""
+        if group == "tp":
+            return 1, self.tp
+        if group == "cp":
+            return self.tp, self.cp
+        if group == "dp":
+            return self.tp * self.cp, self.dp
+        if group == "pp":
+            return self.stage_ranks, self.pp
+        if group == "etp":
+            return 1, self.etp
+        if group == "ep":
+            return self.etp, self.ep
+        if group == "edp":
+            return self.etp * self.ep, self.expert_data_parallel
+        raise ValueError(f"unknown group {group!r}")
+
+    def spans_nodes(self, group: str, gpus_per_node: int) -> bool:
+        """Whether the group's ranks are on more than one node."""
+        stride, size = self.stride(group)
+        return size > 1 and stride * size > gpus_per_node
+
+
+@dataclass(frozen=True)
+class Links:
+    """The bandwidth and latency a group's messages see (already derated)."""
+
+    bandwidth: float
+    latency: float
+
+
+def links(device: Device, training: Training, group: str) -> Links:
+    """What a group talks over: the network when it spans nodes, else the node's links."""
+    if training.spans_nodes(group, device.gpus_per_node):
+        return Links(device.inter_bandwidth * device.link_efficiency, device.inter_latency)
+    return Links(device.intra_bandwidth * device.link_efficiency, device.intra_latency)
+
+
+def all_gather(nbytes: float, n: int, link: Links) -> float:
+    """Seconds to all-gather (or reduce-scatter) a tensor of ``nbytes`` over ``n`` ranks."""
+    if n <= 1:
+        return 0.0
+    return (n - 1) / n * nbytes / link.bandwidth + (n - 1) * link.latency
+
+
+def all_reduce(nbytes: float, n: int, link: Links) -> float:
+    """Seconds to all-reduce ``nbytes`` over ``n`` ranks (a reduce-scatter then an all-gather)."""
+    return 2 * all_gather(nbytes, n, link)
+
+
+def all_to_all(nbytes: float, n: int, link: Links) -> float:
+    """Seconds for an all-to-all in which every rank holds ``nbytes`` and keeps ``1/n`` of them."""
+    if n <= 1:
+        return 0.0
+    return (n - 1) / n * nbytes / link.bandwidth + (n - 1) * link.latency
+
+
+def send(nbytes: float, link: Links) -> float:
+    """Seconds for one point-to-point message of ``nbytes``."""
+    return nbytes / link.bandwidth + link.latency

@@ -1,0 +1,98 @@
+"""A solved split of a cost-modelled model as a training run: iteration time in seconds, MFU,
+TFLOP/s per GPU and where each stage's time goes.
+
+The iteration is Megatron's schedule simulated (:mod:`gpuknap.schedule`) with every
+(stage, chunk)'s forward and backward time from its plan and the pipeline send of
+:attr:`ModelCosts.p2p` between virtual stages, followed by each stage's tail (the
+exposed data-parallel communication and the optimizer step): the iteration ends with
+the last stage to finish.  MFU counts model FLOPs as Megatron does (forward and
+backward, recompute not counted) over the whole cluster.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..schedule import chunk_times, simulate
+from ._build import ModelCosts
+
+#: Components of a stage's time, in the order reports show them.
+COMPONENTS = ("compute", "recompute", "tp", "cp", "ep", "p2p", "dp", "bubble")
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A split run on the cluster: ``iteration_time`` in seconds, ``mfu`` (share of the devices'
+    peak spent on model FLOPs), ``tflops_per_gpu``, ``gpus``, per stage the seconds of each
+    component of :data:`COMPONENTS` (``stages``), and ``breakdown``: the bottleneck stage's
+    (the stage busiest with its own work)."""
+
+    iteration_time: float
+    mfu: float
+    tflops_per_gpu: float
+    gpus: int
+    stages: tuple
+    breakdown: dict
+
+
+def estimate(model: Any, counts: Sequence[int], names: Sequence[str], chunks: int = 1) -> Estimate | None:
+    """The :class:`Estimate` of a split whose layers run ``names`` (model order), or None when the
+    model has no cost model (a measured profile)."""
+    if getattr(model, "costs", None) is None:
+        return None
+    p = len(counts) // chunks
+    times = chunk_times(model, counts, names, chunks)
+    schedule = "interleaved" if chunks > 1 else "1f1b"
+    timeline = simulate(times.forward, times.backward, model.micro_batches, schedule, pipeline_send(model, p))
+    return run_of(model, counts, names, chunks, timeline.iteration_time)
+
+
+def pipeline_send(model: Any, stages: int) -> float:
+    """The time of one micro-batch's send between stages (0 with one stage or no cost model)."""
+    costs = getattr(model, "costs", None)
+    return costs.p2p if costs is not None and stages > 1 else 0.0
+
+
+def run_of(model: Any, counts: Sequence[int], names: Sequence[str], chunks: int, span: float) -> Estimate:
+    """The :class:`Estimate` of a split whose schedule takes ``span`` (in the model's time unit, from
+    any simulation of it with :func:`pipeline_send`): each stage's busy time is its micro-batches'
+    forward and backward times, the rest of the span its bubble (the sends' share apart)."""
+    costs: ModelCosts = model.costs
+    unit = costs.time_unit
+    p = len(counts) // chunks
+    bounds = np.concatenate(([0], np.cumsum(counts))).tolist()
+    parts = [dict.fromkeys(COMPONENTS, 0.0) for _ in range(p)]
+    kinds: list[dict] = [{} for _ in range(p)]
+    busy = [0.0] * p
+    by_name = {kind: {getattr(o, "name", None): o for o in model.fronts[kind]} for kind in model.kind_order}
+    m = model.micro_batches
+    for i in range(len(counts)):
+        s = i % p
+        for layer in range(bounds[i], bounds[i + 1]):
+            kind = model.kinds[layer]
+            option = by_name[kind][names[layer]]
+            kinds[s][kind] = kinds[s].get(kind, 0) + 1
+            busy[s] += m * (option.forward_time + option.backward_time) * unit
+            for key, value in getattr(option, "parts", ()):
+                parts[s][key] += value * m * unit
+    tails = [costs.tail(k) * unit for k in kinds]
+    span *= unit
+    send = pipeline_send(model, p)
+    for s in range(p):
+        sends = (s > 0) + (s < p - 1) if chunks == 1 else 2
+        parts[s]["p2p"] = sends * chunks * m * send * unit
+        parts[s]["dp"] = tails[s]
+        parts[s]["bubble"] = max(span - busy[s] - parts[s]["p2p"], 0.0)
+    iteration = max(span + t for t in tails)
+    tr = costs.training
+    gpus = tr.tp * tr.cp * tr.dp * p
+    total: dict = {}
+    for stage in kinds:
+        for k, n in stage.items():
+            total[k] = total.get(k, 0) + n
+    per_gpu = costs.model_flops(total) / (iteration * gpus) if iteration > 0 else 0.0
+    busiest = max(range(p), key=lambda s: busy[s])
+    return Estimate(iteration, per_gpu / costs.device.peak_flops, per_gpu / 1e12, gpus,
+                    tuple(parts), dict(parts[busiest]))
