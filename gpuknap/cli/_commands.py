@@ -43,11 +43,15 @@ def device_keywords(args: argparse.Namespace) -> dict:
 
 
 def _spec(args: argparse.Namespace, path: str | None) -> Spec:
-    return load_spec(path or default_example(), capacity=args.capacity, micro_batches=args.micro_batches,
+    spec = load_spec(path or default_example(), capacity=args.capacity, micro_batches=args.micro_batches,
                      stages=getattr(args, "stages", None), bucket=args.bucket, reserved=args.reserved, seq=args.seq,
                      micro_batch=args.micro_batch_size, tensor_parallel=args.tp, expert_parallel=args.ep,
                      expert_tensor_parallel=args.etp, context_parallel=args.cp, data_parallel=args.dp,
                      recompute=args.recompute, **device_keywords(args))
+    if spec.kind == "config" and args.dp is None:
+        print("note: --dp not given: data-parallel size 1, so the optimizer state is not sharded and no "
+              "gradients are reduced; give --dp for the run you plan", file=sys.stderr)
+    return spec
 
 
 def _max_bytes(args: argparse.Namespace) -> int | None:
@@ -208,8 +212,9 @@ def _rank_settings(args: argparse.Namespace, spec: Spec) -> int:
 def cmd_curve(args: argparse.Namespace) -> int:
     spec = _spec(args, args.spec)
     backend = get_backend(args.backend)
-    if args.counts:
+    if args.counts is not None:
         counts = counts_list(args.counts)
+        _stages_match(args, counts, spec.chunks)
         try:
             spec.model.check_counts(counts, spec.chunks)
         except ValueError as exc:
@@ -255,8 +260,9 @@ def cmd_curve(args: argparse.Namespace) -> int:
 def cmd_timeline(args: argparse.Namespace) -> int:
     spec = _spec(args, args.spec)
     chunks = args.interleave or spec.chunks
-    if args.counts:
+    if args.counts is not None:
         counts = counts_list(args.counts)
+        _stages_match(args, counts, chunks)
     elif args.recompute:  # a run as it was run: Megatron's even split
         counts = even_counts(spec.model, _stages(args, spec) * chunks)
     else:
@@ -289,6 +295,13 @@ def cmd_timeline(args: argparse.Namespace) -> int:
         text += "\n" + run_summary(run)
     _emit(args, payload, text)
     return EXIT_OK
+
+
+def _stages_match(args: argparse.Namespace, counts: list, chunks: int) -> None:
+    """``--stages`` next to ``--counts`` must agree with it (else one of them would be ignored)."""
+    if getattr(args, "stages", None) is not None and len(counts) != args.stages * chunks:
+        raise BadInput(f"--stages {args.stages} contradicts --counts, which gives {len(counts)} counts"
+                       + (f" ({chunks} chunks per stage)" if chunks > 1 else "") + "; give one of them")
 
 
 def even_counts(model: Any, parts: int) -> list[int]:

@@ -6,6 +6,7 @@ whatever a command raises to one line and an exit code, never a traceback.
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
 import os
 import sys
@@ -35,6 +36,9 @@ def size(flag: str, zero: bool = False) -> Callable[[str], float]:
             value = parse_quantity(text, "bytes", flag)
         except ValueError as exc:
             raise argparse.ArgumentTypeError(str(exc).split(": ", 1)[-1]) from None
+        if flag == "--capacity" and text.strip().replace(".", "", 1).isdigit() and value < 2**20:
+            raise argparse.ArgumentTypeError(f"{text.strip()} bytes is no device's memory; did you mean "
+                                             f"'{text.strip()}GiB'? (a plain number is bytes)")
         if value < 0 or (value == 0 and not zero):
             raise argparse.ArgumentTypeError(f"expected a {'non-negative' if zero else 'positive'} size, "
                                              f"e.g. '80 GiB', got {text!r}")
@@ -86,11 +90,43 @@ def number(low: float, what: str, cast: Callable = float) -> Callable[[str], Any
 cells = number(1, "a number of DP cells (e.g. 5e10)", int)
 
 
+#: Flags users bring from other tools, and the flag gpuknap takes instead.
+ALIASES = {"--pp": "--stages", "--pipeline-parallel": "--stages", "--pipeline-model-parallel-size": "--stages",
+           "--tensor-parallel": "--tp", "--tensor-model-parallel-size": "--tp", "--data-parallel": "--dp",
+           "--expert-parallel": "--ep", "--context-parallel": "--cp", "--vpp": "--interleave",
+           "--virtual-pipeline": "--interleave", "--mbs": "--micro-batch-size", "--gbs": "--global-batch",
+           "--seq-length": "--seq", "--memory": "--capacity", "--gpu": "--device"}
+
+
 class Parser(argparse.ArgumentParser):
-    """argparse with one-line errors (exit 2), as every other refusal."""
+    """argparse with one-line errors (exit 2), as every other refusal; an unknown flag gets the
+    nearest one this command takes."""
 
     def error(self, message: str) -> NoReturn:
+        if message.startswith("unrecognized arguments:"):
+            message += self._nearest(message.split(":", 1)[1].split())
         self.exit(EXIT_BAD_INPUT, f"gpuknap: error: {message}\n")
+
+    #: The command line being parsed (set by the caller), to suggest the chosen command's flags only.
+    argv: list = []
+
+    def _nearest(self, words: list) -> str:
+        known = set(self._option_string_actions)
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                chosen = [name for name in action.choices if name in self.argv] or list(action.choices)
+                for name in chosen[:1] if chosen != list(action.choices) else chosen:
+                    known |= set(action.choices[name]._option_string_actions)
+        for word in words:
+            flag = word.split("=", 1)[0]
+            if not flag.startswith("--"):
+                continue
+            if flag in ALIASES:
+                return f" (did you mean {ALIASES[flag]}?)"
+            near = difflib.get_close_matches(flag, sorted(known), n=1, cutoff=0.6)
+            if near:
+                return f" (did you mean {near[0]}?)"
+        return ""
 
 
 def _one_line(exc: BaseException) -> str:

@@ -116,6 +116,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         print(table(result))
+    if not result.rows:  # every configuration of the grid was refused: bad input, not an infeasible model
+        reasons = "; ".join(sorted({s["reason"] for s in result.skipped}))
+        raise ValueError(f"no configuration of the grid is valid: {reasons}"[:600])
     if not feasible:
         print(f"no configuration fits the device memory{_closest(result.rows)}", file=sys.stderr)
         return EXIT_INFEASIBLE

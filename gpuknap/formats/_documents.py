@@ -83,13 +83,38 @@ def read_text(path: str, limit: int = MAX_FILE_BYTES) -> str:
     return text
 
 
+class DuplicateKey(ValueError):
+    """A document gives one key twice in one mapping (the last would silently win)."""
+
+
+def _yaml_loader(yaml: Any) -> Any:
+    """PyYAML's safe loader, refusing a key given twice in one mapping."""
+    class Loader(yaml.SafeLoader):
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            seen = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    duplicate = key in seen
+                    seen.add(key)
+                except TypeError:
+                    continue  # an unhashable key: PyYAML refuses it itself
+                if duplicate:
+                    raise DuplicateKey(f"the key {key!r} is given twice (line {key_node.start_mark.line + 1}); "
+                                       "keep one")
+            return super().construct_mapping(node, deep)
+    return Loader
+
+
 def _yaml_load(text: str, path: str) -> Any:
     try:
         import yaml
     except ImportError:
         raise ValueError(f"{path}: reading YAML needs PyYAML (pip install 'gpuknap[yaml]')") from None
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_yaml_loader(yaml))  # noqa: S506 - a SafeLoader subclass
+    except DuplicateKey as exc:
+        raise ValueError(f"{path}: {exc}") from None
     except yaml.YAMLError as exc:
         where = getattr(exc, "problem_mark", None)
         at = f" at line {where.line + 1}" if where is not None else ""
@@ -103,8 +128,16 @@ def _json_load(text: str, path: str) -> Any:
     def no_constants(name: str) -> Any:
         raise ValueError(f"{path}: not valid JSON ({name} is not a JSON number)")
 
+    def no_duplicates(pairs: list) -> dict:
+        out: dict = {}
+        for key, value in pairs:
+            if key in out:
+                raise ValueError(f"{path}: the key {key!r} is given twice in one object; keep one")
+            out[key] = value
+        return out
+
     try:
-        return json.loads(text, parse_constant=no_constants)
+        return json.loads(text, parse_constant=no_constants, object_pairs_hook=no_duplicates)
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
     except RecursionError:

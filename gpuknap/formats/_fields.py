@@ -23,6 +23,7 @@ class Spec:
     bucket: float
     source: str
     name: str
+    kind: str = "spec"  # "spec", "profile" (SAPP-PPB) or "config" (Hugging Face)
 
 
 class Fields:

@@ -25,12 +25,13 @@ _BYTE_UNITS = "B, KB/KiB, MB/MiB, GB/GiB, TB/TiB (all binary: 1 MB = 1 MiB = 2**
 _TIME_UNITS = "ns, us, ms, s, min"
 
 
-def _unit_hint(unit: str, dimension: str) -> str:
-    """Why a unit is refused, in one clause."""
+def _unit_hint(unit: str, dimension: str, number: str = "") -> str:
+    """Why a unit is refused, in one clause (with the spelling meant, when it is clear)."""
     if dimension != "bytes":
         return f"unknown time unit {unit!r} (known, case-sensitive: {_TIME_UNITS})"
     if len(unit) >= 2 and unit.endswith("b") and unit[-2] in "kKmMgGtT" or unit == "b":
-        return f"{unit!r} is a unit of bits; memory is in bytes: {_BYTE_UNITS}"
+        meant = f" (did you mean '{number}{unit[:-1].upper()}iB'?)" if len(unit) >= 2 else ""
+        return f"{unit!r} is a unit of bits; memory is in bytes{meant}: {_BYTE_UNITS}"
     if unit == "kB":
         return f"'kB' is ambiguous (1000 or 1024 bytes); write KB or KiB (1024 bytes). Units: {_BYTE_UNITS}"
     if unit.lower() in {k.lower() for k in BYTES if k}:
@@ -54,7 +55,7 @@ def parse_quantity(value: Any, dimension: str, field: str) -> float:
     else:
         raise ValueError(f"{field}: expected a number or a string with a unit, got {type(value).__name__}")
     if unit not in table:
-        raise ValueError(f"{field}: {_unit_hint(unit, dimension)}")
+        raise ValueError(f"{field}: {_unit_hint(unit, dimension, m.group(1) if isinstance(value, str) else '')}")
     try:
         result = float(number) * table[unit]
     except OverflowError:  # an integer beyond any float

@@ -23,8 +23,8 @@ from ..costs import Architecture, Experts, LatentAttention, Training, build, fix
 from ..costs import device as costs_device
 from ..engine import MEGABYTE
 from ..search import PipelineModel
-from ._documents import read_document
-from ._fields import DEVICE, Spec, check_arguments, default_reserved, device_of
+from ._documents import read_document, suggest
+from ._fields import DEVICE, TRAINING, Spec, check_arguments, default_reserved, device_of
 
 #: ``model_type`` values read as dense decoders with a gated (SwiGLU) MLP.
 DENSE_TYPES = ("llama", "mistral", "qwen2")
@@ -32,11 +32,83 @@ DENSE_TYPES = ("llama", "mistral", "qwen2")
 MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3")
 #: Fields every dense config must give.
 REQUIRED = ("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers", "vocab_size")
+#: Fields every config may carry whatever its family (transformers' PretrainedConfig and what the
+#: Hub's files add): read or known not to change memory or time at this level.  Fields whose name
+#: starts with an underscore (``_name_or_path``, ``_comment``) are always accepted.
+COMMON = frozenset("""architectures model_type torch_dtype dtype transformers_version bos_token_id eos_token_id
+pad_token_id sep_token_id decoder_start_token_id tie_word_embeddings use_cache return_dict output_hidden_states
+output_attentions torchscript use_bfloat16 pruned_heads chunk_size_feed_forward is_encoder_decoder is_decoder
+add_cross_attention cross_attention_hidden_size tie_encoder_decoder finetuning_task id2label label2id num_labels
+tokenizer_class prefix task_specific_params problem_type auto_map quantization_config max_length min_length
+do_sample early_stopping num_beams num_beam_groups diversity_penalty temperature top_k top_p typical_p
+repetition_penalty length_penalty no_repeat_ngram_size encoder_no_repeat_ngram_size bad_words_ids
+num_return_sequences output_scores return_dict_in_generate forced_bos_token_id forced_eos_token_id
+remove_invalid_values exponential_decay_length_penalty suppress_tokens begin_suppress_tokens
+hidden_act max_position_embeddings initializer_range rms_norm_eps rope_theta rope_scaling rope_parameters
+attention_dropout attention_bias pretraining_tp""".split())
+#: Per family: its architecture class and the fields its configs carry beyond :data:`COMMON`
+#: (from transformers' configuration classes and the published files).
+FAMILIES = {
+    "llama": ("LlamaForCausalLM", """vocab_size hidden_size intermediate_size num_hidden_layers num_attention_heads
+              num_key_value_heads head_dim mlp_bias"""),
+    "mistral": ("MistralForCausalLM", """vocab_size hidden_size intermediate_size num_hidden_layers
+                num_attention_heads num_key_value_heads head_dim sliding_window"""),
+    "qwen2": ("Qwen2ForCausalLM", """vocab_size hidden_size intermediate_size num_hidden_layers num_attention_heads
+              num_key_value_heads use_sliding_window sliding_window max_window_layers layer_types"""),
+    "mixtral": ("MixtralForCausalLM", """vocab_size hidden_size intermediate_size num_hidden_layers
+                num_attention_heads num_key_value_heads head_dim sliding_window num_experts_per_tok
+                num_local_experts output_router_logits router_aux_loss_coef router_jitter_noise"""),
+    "qwen2_moe": ("Qwen2MoeForCausalLM", """vocab_size hidden_size intermediate_size num_hidden_layers
+                  num_attention_heads num_key_value_heads use_sliding_window sliding_window max_window_layers
+                  decoder_sparse_step moe_intermediate_size shared_expert_intermediate_size num_experts_per_tok
+                  num_experts norm_topk_prob output_router_logits router_aux_loss_coef mlp_only_layers qkv_bias
+                  layer_types"""),
+    "qwen3_moe": ("Qwen3MoeForCausalLM", """vocab_size hidden_size intermediate_size num_hidden_layers
+                  num_attention_heads num_key_value_heads head_dim use_sliding_window sliding_window
+                  max_window_layers decoder_sparse_step moe_intermediate_size num_experts_per_tok num_experts
+                  norm_topk_prob output_router_logits router_aux_loss_coef mlp_only_layers layer_types"""),
+    "deepseek_v3": ("DeepseekV3ForCausalLM", """vocab_size hidden_size intermediate_size moe_intermediate_size
+                    num_hidden_layers num_attention_heads num_key_value_heads n_shared_experts n_routed_experts
+                    routed_scaling_factor kv_lora_rank q_lora_rank qk_rope_head_dim v_head_dim qk_nope_head_dim
+                    n_group topk_group num_experts_per_tok first_k_dense_replace norm_topk_prob rope_interleave
+                    moe_layer_freq num_nextn_predict_layers scoring_func seq_aux topk_method aux_loss_alpha
+                    ep_size head_dim"""),
+}
+#: Most decoder layers a config may give (checked before any per-layer list is built).
+MAX_CONFIG_LAYERS = 100_000
 
 
 def is_config(data: Any) -> bool:
     """Whether a parsed document is a Hugging Face model config (by content)."""
     return isinstance(data, Mapping) and ("model_type" in data or "architectures" in data)
+
+
+def check_fields(data: Mapping, where: str) -> str:
+    """The config's family, after checking that every field is one the family carries (a typo is
+    refused with the nearest name) and that ``model_type`` and ``architectures`` agree."""
+    kind = data.get("model_type")
+    arch = data.get("architectures")
+    if arch is not None and (not isinstance(arch, list) or not all(isinstance(a, str) for a in arch)):
+        raise ValueError(f"{where}: architectures: expected a list of class names, got {arch!r}"[:300])
+    by_class = {cls: family for family, (cls, _) in FAMILIES.items()}
+    if kind is None and arch:
+        kind = by_class.get(arch[0])
+    if kind not in FAMILIES:
+        raise ValueError(f"{where}: model_type: {kind!r} is not a family gpuknap reads "
+                         f"(dense: {', '.join(DENSE_TYPES)}; MoE: {', '.join(MOE_TYPES)})")
+    if arch and arch[0] != FAMILIES[kind][0]:
+        raise ValueError(f"{where}: architectures: {arch[0]!r} contradicts model_type {kind!r} "
+                         f"(which is {FAMILIES[kind][0]!r})")
+    known = COMMON | set(FAMILIES[kind][1].split())
+    for key in data:
+        if not isinstance(key, str):
+            raise ValueError(f"{where}: field names must be strings, got {key!r}")
+        if key.startswith("_") or key in known:
+            continue
+        other = [f for f, (_, fields) in FAMILIES.items() if key in fields.split()]
+        hint = suggest(key, known) or (f" (a field of {', '.join(other)} configs)" if other else "")
+        raise ValueError(f"{where}: unknown field {key!r} for model_type {kind!r}{hint}")
+    return kind
 
 
 def _count(data: Mapping, key: str, where: str, default: Any = None) -> int:
@@ -58,50 +130,60 @@ def _moe_layout(data: Mapping, kind: str, layers: int, where: str) -> list[bool]
     if kind == "mixtral":
         return [True] * layers
     if kind == "deepseek_v3":
-        first = data.get("first_k_dense_replace", 0)
-        freq = data.get("moe_layer_freq", 1)
-        for key, value in (("first_k_dense_replace", first), ("moe_layer_freq", freq)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < (1 if key == "moe_layer_freq" else 0):
-                raise ValueError(f"{where}: {key}: expected an integer, got {value!r}")
+        first = _optional(data, "first_k_dense_replace", where, 0)
+        freq = _optional(data, "moe_layer_freq", where, 1, low=1)
+        if first >= layers:
+            raise ValueError(f"{where}: first_k_dense_replace: {first} dense layers leave no MoE layer of the "
+                             f"{layers} (num_hidden_layers)")
         return [i >= first and (i - first) % freq == 0 for i in range(layers)]
-    step = data.get("decoder_sparse_step", 1)
+    step = _optional(data, "decoder_sparse_step", where, 1, low=1)
     only = data.get("mlp_only_layers", [])
-    if isinstance(step, bool) or not isinstance(step, int) or step < 1:
-        raise ValueError(f"{where}: decoder_sparse_step: expected an integer >= 1, got {step!r}")
-    if not isinstance(only, list) or any(isinstance(i, bool) or not isinstance(i, int) for i in only):
-        raise ValueError(f"{where}: mlp_only_layers: expected a list of layer indices, got {only!r}")
-    return [i not in only and (i + 1) % step == 0 for i in range(layers)]
+    if only is None:
+        only = []
+    if not isinstance(only, list) or any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < layers
+                                         for i in only):
+        raise ValueError(f"{where}: mlp_only_layers: expected a list of layer indices from 0 to {layers - 1}, "
+                         f"got {only!r}"[:300])
+    dense = set(only)
+    moe = [i not in dense and (i + 1) % step == 0 for i in range(layers)]
+    if not any(moe):
+        raise ValueError(f"{where}: decoder_sparse_step, mlp_only_layers: no layer is a MoE layer")
+    return moe
+
+
+def _optional(data: Mapping, key: str, where: str, default: int, low: int = 0) -> int:
+    """An optional integer field (null: the default), refused when it is not an integer >= low."""
+    value = data.get(key, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{where}: {key}: expected an integer >= {low}, got {value!r}")
+    return value
 
 
 def architecture(data: Any, where: str) -> Architecture:
     """The :class:`gpuknap.costs.Architecture` of a dense or MoE config (``where`` names it in errors)."""
     if not is_config(data):
         raise ValueError(f"{where}: not a Hugging Face config (no 'model_type' or 'architectures')")
-    kind = data.get("model_type")
-    if kind not in DENSE_TYPES + MOE_TYPES:
-        raise ValueError(f"{where}: model_type: {kind!r} is not a family gpuknap reads "
-                         f"(dense: {', '.join(DENSE_TYPES)}; MoE: {', '.join(MOE_TYPES)})")
+    kind = check_fields(data, where)
     hidden = _count(data, "hidden_size", where)
     heads = _count(data, "num_attention_heads", where)
     layers = _count(data, "num_hidden_layers", where)
+    if layers > MAX_CONFIG_LAYERS:
+        raise ValueError(f"{where}: num_hidden_layers: {layers:,} is over the limit of {MAX_CONFIG_LAYERS:,} layers")
     vocab = _count(data, "vocab_size", where)
     experts, moe_layers, ffn = None, (), 0
     if kind in MOE_TYPES:
         top_k = _count(data, "num_experts_per_tok", where)
         if kind == "deepseek_v3":
             experts_key, ffn_key = "n_routed_experts", "moe_intermediate_size"
-            shared = data.get("n_shared_experts", 0) or 0
-            if isinstance(shared, bool) or not isinstance(shared, int) or shared < 0:
-                raise ValueError(f"{where}: n_shared_experts: expected an integer >= 0, got {shared!r}")
+            shared = _optional(data, "n_shared_experts", where, 0)
             shared_ffn = shared * _count(data, ffn_key, where)
         elif kind == "mixtral":
             experts_key, ffn_key, shared_ffn = "num_local_experts", "intermediate_size", 0
         else:
             experts_key, ffn_key = "num_experts", "moe_intermediate_size"
-            shared_ffn = data.get("shared_expert_intermediate_size", 0) or 0
-            if isinstance(shared_ffn, bool) or not isinstance(shared_ffn, int) or shared_ffn < 0:
-                raise ValueError(f"{where}: shared_expert_intermediate_size: expected an integer >= 0, "
-                                 f"got {shared_ffn!r}")
+            shared_ffn = _optional(data, "shared_expert_intermediate_size", where, 0)
         count = _count(data, experts_key, where)
         if top_k > count:
             raise ValueError(f"{where}: num_experts_per_tok: {top_k} is more than the {count} experts ({experts_key})")
@@ -177,7 +259,10 @@ def model_of(data: Any, where: str, capacity: float, micro_batches: int, reserve
     try:
         tr = Training(**training)
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"{where}: {exc}") from None
+        message = str(exc).replace("training.", "")
+        for name, (flag, _, _) in TRAINING.items():
+            message = message.replace(f"{name}=", f"{name} ({flag}) ").replace(f"{name} must", f"{name} ({flag}) must")
+        raise ValueError(f"{where}: {message}") from None
     check_parallel(arch, tr, where, data.get("model_type", ""))
     return build(arch, tr, costs_device(device), capacity, micro_batches, reserved)
 
@@ -205,7 +290,7 @@ def spec_of(data: Mapping, path: str, capacity: Any, micro_batches: Any, stages:
     arch = data.get("architectures")
     name = next((n for n in (data.get("_name_or_path"), arch[0] if isinstance(arch, list) and arch else None)
                  if isinstance(n, str) and n), os.path.basename(path))
-    return Spec(model, stages, 1, None, MEGABYTE if bucket is None else bucket, path, name[:80])
+    return Spec(model, stages, 1, None, MEGABYTE if bucket is None else bucket, path, name[:80], "config")
 
 
 def load(path: str | os.PathLike, *, micro_batches: int, seq: int, capacity: Any = None, stages: int | None = None,

@@ -137,7 +137,7 @@ def load_spec(path: str | os.PathLike, *, capacity: Any = None, micro_batches: i
         model = sapp_ppb.model_of(data, path, capacity, micro_batches, reserved or 0.0)
         name = data.get("name", os.path.basename(path))
         return Spec(model, stages, 1, None, MEGABYTE if bucket is None else bucket, path,
-                    name if isinstance(name, str) else os.path.basename(path))
+                    name if isinstance(name, str) else os.path.basename(path), "profile")
     f.mapping(data, "(top level)", TOP_LEVEL)
     name = f.text(data["name"], "name") if "name" in data else os.path.basename(path)
     device = f.mapping(data.get("device", {}), "device", DEVICE)

@@ -39,13 +39,14 @@ def run_on_cluster(scheduler: Any, run: Callable, configs: list, builder: Callab
     distributed = _distributed()
     own = not isinstance(scheduler, distributed.Client)
     if own:
-        if not isinstance(scheduler, str) or not scheduler:
-            raise ValueError(f"scheduler must be an address such as 'tcp://host:8786' or a distributed.Client, "
-                             f"got {scheduler!r}")
+        if not isinstance(scheduler, str) or not scheduler or any(c.isspace() for c in scheduler):
+            raise ValueError(f"scheduler (--scheduler) must be an address such as 'tcp://host:8786' or a "
+                             f"distributed.Client, got {scheduler!r}"[:300])
         try:
             client = distributed.Client(scheduler, timeout="10s")
-        except (OSError, TimeoutError) as exc:
-            raise ValueError(f"scheduler {scheduler}: cannot connect ({exc})") from None
+        except Exception as exc:  # a refused, closed or foreign port: say so, never a traceback
+            raise ValueError(f"scheduler (--scheduler) {scheduler}: cannot connect to a Dask scheduler there "
+                             f"({exc.__class__.__name__}: {str(exc)[:200]})") from None
     else:
         client = scheduler
     try:

@@ -73,6 +73,10 @@ def builder_of(source: Any, capacity: Any, reserved: Any, seq: Any, bucket: Any,
         raise ValueError(f"{path}: a sweep rebuilds the model for each tensor-parallel and micro-batch size, so it "
                          "needs a spec with a 'transformer' section or a Hugging Face config.json "
                          "(or, from Python, a callable returning a PipelineModel)")
+    for key in ("expert_parallel", "expert_tensor_parallel"):
+        if training.get(key, 1) != 1:
+            raise ValueError(f"{key}: {path}'s transformer section is a dense model; expert parallelism applies to "
+                             "MoE models (a Hugging Face config.json)")
     spec = load_spec(path, capacity=capacity, micro_batches=1, bucket=bucket, reserved=reserved, **device)
     base = config_from(data["transformer"])
     if training.get("context_parallel"):

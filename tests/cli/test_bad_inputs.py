@@ -270,7 +270,8 @@ CASES = [
          lambda p: load_spec(p["config.json"], capacity="80GiB", micro_batches=8)),
     Case("MoE config without its expert fields", ["best", "{f}", "--capacity", "80GiB", "--micro-batches", "8",
                                                   "--seq", "4096"], ["{f}", "num_experts_per_tok", "missing"],
-         {"config.json": text(json.dumps({**LLAMA_CONFIG, "model_type": "deepseek_v3"}))},
+         {"config.json": text(json.dumps({**LLAMA_CONFIG, "model_type": "deepseek_v3",
+                                          "architectures": ["DeepseekV3ForCausalLM"]}))},
          lambda p: load_spec(p["config.json"], capacity="80GiB", micro_batches=8, seq=4096)),
     Case("config --tp 3", ["best", "{f}", "--capacity", "80GiB", "--micro-batches", "8", "--seq", "4096", "--tp", "3"],
          ["{f}", "num_attention_heads", "--tp"], {"config.json": text(json.dumps(LLAMA_CONFIG))},
@@ -434,3 +435,186 @@ def test_closed_pipe_exits_quietly():
     p = subprocess.run(f"'{sys.executable}' -m gpuknap best --top 200 --quiet | head -1", shell=True,
                        capture_output=True, text=True, env=env)
     assert p.stdout.startswith("#1 of demo") and p.stderr == ""
+
+
+# ---- Round 2 (issue 21): closed readers, strict types, contradictions, duplicates, flags -----------
+# These run the command line in process (gpuknap.cli.main) to keep the suite fast; the cases that
+# are about time or memory before a refusal are in CASES above (subprocess, bounded).
+
+MIXTRAL_CONFIG = json.load(open(os.path.join(EXAMPLES, "mixtral_8x7b_config.json")))
+DEEPSEEK_CONFIG = json.load(open(os.path.join(EXAMPLES, "deepseek_v3_config.json")))
+QWEN_MOE_CONFIG = {"architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", "hidden_size": 2048,
+                   "intermediate_size": 5632, "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632,
+                   "num_experts": 60, "num_experts_per_tok": 4, "num_attention_heads": 16, "num_key_value_heads": 16,
+                   "num_hidden_layers": 24, "vocab_size": 151936, "decoder_sparse_step": 1, "mlp_only_layers": []}
+QWEN3_MOE_CONFIG = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 2048,
+                    "intermediate_size": 6144, "moe_intermediate_size": 768, "num_experts": 128,
+                    "num_experts_per_tok": 8, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+                    "num_hidden_layers": 48, "vocab_size": 151936}
+CONFIGS = {"llama": LLAMA_CONFIG, "mixtral": MIXTRAL_CONFIG, "deepseek_v3": DEEPSEEK_CONFIG,
+           "qwen2_moe": QWEN_MOE_CONFIG, "qwen3_moe": QWEN3_MOE_CONFIG}
+RUN = ["--micro-batches", "8", "--seq", "4096"]
+
+
+def typo(word: str) -> str:
+    """A one-letter slip: the last letter dropped (``num_key_value_head``)."""
+    return word[:-1]
+
+
+def config_case(name, base, edit, words, args=()):
+    data = copy.deepcopy(base)
+    edit(data)
+    return Case(name, ["best", "{f}", *RUN, *args], ["{f}", *words], {"config.json": text(json.dumps(data))},
+                lambda p: load_spec(p["config.json"], micro_batches=8, seq=4096))
+
+
+MORE = []
+# typos of every field a family reads or knows, refused with the nearest name
+for family, base in CONFIGS.items():
+    for key in sorted(base):
+        if key in ("architectures", "model_type") or key.startswith("_"):
+            continue
+        MORE.append(config_case(f"{family}: typo {typo(key)}", base,
+                                lambda d, k=key: d.__setitem__(typo(k), d.pop(k)), [repr(typo(key)), "did you mean"]))
+for family, base, key in (("llama", LLAMA_CONFIG, "num_key_value_heads"), ("deepseek_v3", DEEPSEEK_CONFIG,
+                                                                           "first_k_dense_replace"),
+                          ("deepseek_v3", DEEPSEEK_CONFIG, "moe_layer_freq"), ("qwen2_moe", QWEN_MOE_CONFIG,
+                                                                               "decoder_sparse_step"),
+                          ("deepseek_v3", DEEPSEEK_CONFIG, "n_shared_experts"), ("deepseek_v3", DEEPSEEK_CONFIG,
+                                                                                 "q_lora_rank"),
+                          ("qwen3_moe", QWEN3_MOE_CONFIG, "head_dim")):
+    MORE.append(config_case(f"{family}: optional {key} misspelt as an extra field", base,
+                            lambda d, k=key: d.__setitem__(typo(k), 1), [repr(typo(key))]))
+# strict types
+for value in ("", False, 1.5, "1", [1]):
+    MORE.append(config_case(f"deepseek n_shared_experts {value!r}", DEEPSEEK_CONFIG,
+                            lambda d, v=value: d.update(n_shared_experts=v), ["n_shared_experts"]))
+    MORE.append(config_case(f"qwen2_moe shared_expert_intermediate_size {value!r}", QWEN_MOE_CONFIG,
+                            lambda d, v=value: d.update(shared_expert_intermediate_size=v),
+                            ["shared_expert_intermediate_size"]))
+for key, value in (("moe_layer_freq", 0), ("first_k_dense_replace", -1), ("first_k_dense_replace", 61),
+                   ("first_k_dense_replace", 1000), ("q_lora_rank", "big"), ("q_lora_rank", 0), ("kv_lora_rank", 0),
+                   ("num_nextn_predict_layers", None)):
+    if value is None:
+        continue
+    MORE.append(config_case(f"deepseek {key} {value!r}", DEEPSEEK_CONFIG, lambda d, k=key, v=value: d.update({k: v}),
+                            [key]))
+for key, value in (("decoder_sparse_step", 0), ("mlp_only_layers", [99]), ("mlp_only_layers", "0"),
+                   ("mlp_only_layers", [True]), ("mlp_only_layers", list(range(24))), ("num_experts", 0)):
+    MORE.append(config_case(f"qwen2_moe {key} {str(value)[:20]}", QWEN_MOE_CONFIG,
+                            lambda d, k=key, v=value: d.update({k: v}), [key]))
+for key, value in (("head_dim", 0), ("head_dim", 1.5), ("num_key_value_heads", True), ("num_key_value_heads", 5),
+                   ("num_experts_per_tok", 200), ("hidden_size", "2048"), ("num_hidden_layers", 1e8),
+                   ("num_hidden_layers", 10**8), ("vocab_size", 0)):
+    MORE.append(config_case(f"qwen3_moe {key} {value!r}", QWEN3_MOE_CONFIG,
+                            lambda d, k=key, v=value: d.update({k: v}), [key]))
+# contradictions between model_type, architectures and fields
+MORE += [
+    config_case("llama with Mixtral's class", LLAMA_CONFIG, lambda d: d.update(architectures=["MixtralForCausalLM"]),
+                ["architectures", "'llama'"]),
+    config_case("llama with Mixtral's expert fields", LLAMA_CONFIG,
+                lambda d: d.update(num_local_experts=8, num_experts_per_tok=2), ["num_", "mixtral"]),
+    config_case("mixtral with DeepSeek's MLA fields", MIXTRAL_CONFIG, lambda d: d.update(kv_lora_rank=512),
+                ["kv_lora_rank"]),
+    config_case("qwen2_moe called deepseek", QWEN_MOE_CONFIG, lambda d: d.update(model_type="deepseek_v3"),
+                ["architectures", "'deepseek_v3'"]),
+    config_case("architectures not a list", LLAMA_CONFIG, lambda d: d.update(architectures="LlamaForCausalLM"),
+                ["architectures"]),
+    config_case("unknown architecture only", LLAMA_CONFIG,
+                lambda d: (d.pop("model_type"), d.update(architectures=["GPT2LMHeadModel"])), ["model_type"]),
+    config_case("a number as a field name in YAML-like JSON", LLAMA_CONFIG, lambda d: d.update({"7": 1}), ["'7'"]),
+]
+# the same divisibility rules on every path
+for name, base, args, words in (
+        ("mixtral --tp 3", MIXTRAL_CONFIG, ("--tp", "3"), ["num_attention_heads", "--tp"]),
+        ("mixtral --ep 8 on 1 GPU per stage", MIXTRAL_CONFIG, ("--ep", "8"), ["--ep", "divide"]),
+        ("mixtral --ep 8 --etp 4 --dp 8", MIXTRAL_CONFIG, ("--ep", "8", "--etp", "4", "--dp", "8"), ["--etp"]),
+        ("mixtral --etp 3", MIXTRAL_CONFIG, ("--etp", "3"), ["--etp"]),
+        ("deepseek --ep 7", DEEPSEEK_CONFIG, ("--ep", "7"), ["n_routed_experts", "--ep"]),
+        ("qwen3 --tp 64", QWEN3_MOE_CONFIG, ("--tp", "64"), ["--tp"]),
+        ("qwen2_moe --tp 32", QWEN_MOE_CONFIG, ("--tp", "32"), ["--tp"]),
+        ("llama --etp 2", LLAMA_CONFIG, ("--etp", "2"), ["--etp"]),
+        ("llama --cp 3", LLAMA_CONFIG, ("--cp", "3"), ["--cp"]),
+        ("llama --tp 64", LLAMA_CONFIG, ("--tp", "64"), ["--tp"])):
+    MORE.append(Case(f"divisibility: {name}", ["best", "{f}", *RUN, *args], ["{f}", *words],
+                     {"config.json": text(json.dumps(base))}))
+MORE.append(config_case("mixtral hidden not divisible by heads", MIXTRAL_CONFIG, lambda d: d.update(hidden_size=4097),
+                        ["hidden_size"]))
+# duplicated keys, in JSON and YAML
+MORE += [
+    Case("config with a key twice", ["best", "{f}", *RUN], ["{f}", "'hidden_size'", "twice"],
+         {"config.json": text(json.dumps(LLAMA_CONFIG)[:-1] + ', "hidden_size": 8192}')},
+         lambda p: load_spec(p["config.json"], micro_batches=8, seq=4096)),
+    Case("spec with a key twice", ["best", "{f}"], ["{f}", "'reserved'", "twice"],
+         {"spec.json": text(json.dumps(demo())[:-1].replace('"device": {', '"device": {"reserved": 0, "reserved": 1, ')
+                            + "}")}, lambda p: load_spec(p["spec.json"])),
+    Case("YAML spec with a key twice", ["best", "{f}"], ["{f}", "'capacity'", "twice"],
+         {"spec.yaml": text("layers: [{kind: a}]\nkinds: {a: {options: [{memory: 1, forward: 1, backward: 1}]}}\n"
+                            "device:\n  capacity: 80 GiB\n  capacity: 40 GiB\npipeline: {micro_batches: 2}\n")},
+         lambda p: load_spec(p["spec.yaml"])),
+]
+# flags and traps
+MORE += [
+    flag_case("--counts empty", ["timeline", DEMO, "--counts", ""], ["--counts", "no counts"]),
+    flag_case("--counts blank", ["curve", DEMO, "--stage", "0", "--counts", "  "], ["--counts"]),
+    flag_case("--stages against --counts", ["timeline", DEMO, "--stages", "4", "--counts", "49,49"],
+              ["--stages", "--counts"]),
+    flag_case("--capacity 80", ["best", DEMO, "--capacity", "80"], ["--capacity", "80GiB"]),
+    flag_case("--capacity 80gb", ["best", DEMO, "--capacity", "80gb"], ["--capacity", "80GiB"]),
+    flag_case("--capacity 16Mb", ["best", DEMO, "--capacity", "16Mb"], ["--capacity", "16MiB"]),
+    flag_case("--pp", ["best", DEMO, "--pp", "4"], ["--pp", "--stages"]),
+    flag_case("--pipeline-parallel", ["best", DEMO, "--pipeline-parallel", "4"], ["--stages"]),
+    flag_case("--tensor-parallel", ["best", DEMO, "--tensor-parallel", "4"], ["--tp"]),
+    flag_case("--stagse", ["best", DEMO, "--stagse", "4"], ["--stages"]),
+    flag_case("sweep --tps", ["sweep", LLAMA, "--gpus", "8", "--global-batch", "8", "--tps", "2"], ["--tp"]),
+    flag_case("--device bogus", ["best", LLAMA, "--device", "tpu9"], ["--device", "tpu9"]),
+    flag_case("--device near miss", ["best", LLAMA, "--device", "h10"], ["--device", "did you mean"]),
+    flag_case("--device-field unknown", ["best", LLAMA, "--device-field", "peak=1"], ["--device-field", "peak"]),
+    flag_case("--device-field not a number", ["best", LLAMA, "--device-field", "peak_flops=lots"], ["peak_flops"]),
+    flag_case("--device-field no equals", ["best", LLAMA, "--device-field", "peak_flops"], ["--device-field"]),
+    flag_case("--device-field negative", ["best", LLAMA, "--device-field", "inter_bandwidth=-1"],
+              ["inter_bandwidth"]),
+    flag_case("--efficiency 2", ["best", LLAMA, "--efficiency", "2"], ["--efficiency"]),
+    flag_case("--efficiency 0", ["best", LLAMA, "--efficiency", "0"], ["--efficiency"]),
+    flag_case("--gpus-per-node 0", ["best", LLAMA, "--gpus-per-node", "0"], ["--gpus-per-node"]),
+    flag_case("--reserved negative", ["best", LLAMA, "--reserved", "-1GiB"], ["--reserved"]),
+    flag_case("--reserved above the capacity", ["best", LLAMA, "--reserved", "90GiB"], ["reserved"]),
+    flag_case("--recompute bogus", ["best", LLAMA, "--recompute", "some"], ["--recompute"]),
+    flag_case("--recompute on a profile", ["best", DEMO, "--recompute", "full"], ["recompute", "--recompute"]),
+    flag_case("--efficiency on a profile", ["best", DEMO, "--efficiency", "0.5"], ["efficiency", "--efficiency"]),
+    flag_case("--etp on a spec's dense transformer", ["best", LLAMA, "--etp", "2"], ["expert_tensor_parallel"]),
+    flag_case("--cp not dividing the spec's sequence", ["best", LLAMA, "--cp", "3"], ["context_parallel"]),
+    flag_case("--tp not dividing the spec's heads", ["best", LLAMA, "--tp", "3"], ["tensor_parallel"]),
+    flag_case("sweep with every configuration invalid", ["sweep", LLAMA, "--gpus", "48", "--global-batch", "48",
+                                                          "--tp", "3"], ["no configuration", "tensor_parallel"]),
+    flag_case("sweep --scheduler with spaces", ["sweep", LLAMA, "--gpus", "8", "--global-batch", "8",
+                                                 "--scheduler", "foo bar"], ["--scheduler"]),
+    flag_case("sweep --device bogus", ["sweep", LLAMA, "--gpus", "8", "--global-batch", "8", "--device", "x"],
+              ["--device"]),
+    flag_case("sweep --ep on a dense spec", ["sweep", LLAMA, "--gpus", "8", "--global-batch", "8", "--ep", "2"],
+              ["expert_parallel"]),
+]
+
+
+def test_the_second_table_is_large():
+    assert len(MORE) >= 150 and len({c.name for c in MORE}) == len(MORE)
+
+
+@pytest.mark.parametrize("case", MORE, ids=[c.name for c in MORE])
+def test_cli_refuses_in_one_line(case, tmp_path, capsys):
+    from gpuknap.cli import main
+
+    paths = materialise(case, tmp_path)
+    argv = [_fill(a, paths) for a in case.argv]
+    start = time.perf_counter()
+    rc = main(argv)
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert rc == 2, (rc, captured.out[-300:], captured.err)
+    assert len(lines) == 1 and lines[0].startswith("gpuknap: error: "), captured.err
+    for word in case.words:
+        assert _fill(word, paths) in lines[0], (word, lines[0])
+    assert time.perf_counter() - start < SECONDS
+    if case.api is not None:
+        with pytest.raises(ValueError):
+            case.api(paths)

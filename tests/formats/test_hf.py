@@ -72,7 +72,8 @@ def test_cli_runs_a_config_end_to_end():
     (lambda d: d.update(num_hidden_layers=0), "num_hidden_layers"),
     (lambda d: d.update(num_key_value_heads=5), "num_key_value_heads"),
     (lambda d: d.update(model_type="gpt2"), "model_type"),
-    (lambda d: d.update(model_type="mixtral"), "num_experts_per_tok: missing"),
+    (lambda d: d.update(model_type="mixtral", architectures=["MixtralForCausalLM"]), "num_experts_per_tok: missing"),
+    (lambda d: d.update(model_type="mixtral"), "contradicts model_type"),
     (lambda d: d.update(intermediate_size="big"), "intermediate_size"),
 ])
 def test_bad_configs_name_the_field(tmp_path, edit, words):
