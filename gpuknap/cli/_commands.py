@@ -12,11 +12,15 @@ import numpy as np
 
 from .. import formats, schedule
 from .._version import __version__
+from ..costs import pipeline_send
 from ..engine import FrontTable, get_backend, least_times
 from ..formats import Spec, framework, load_spec
 from ..formats.splitfiles import read_splits, write_scores
+from ..search import one_body_kind
 from ..search import best_splits, coverage
 from ._flags import EXIT_OK, counts_list
+from ._gantt import communication_shares
+from ._progress import note
 from ._plots import plot_best, plot_curve, plot_scores, plot_timeline
 from ._report import JSON_VERSION, format_split, run_record, run_summary, split_record
 
@@ -49,8 +53,8 @@ def _spec(args: argparse.Namespace, path: str | None) -> Spec:
                      expert_tensor_parallel=args.etp, context_parallel=args.cp, data_parallel=args.dp,
                      recompute=args.recompute, **device_keywords(args))
     if spec.kind == "config" and args.dp is None:
-        print("note: --dp not given: data-parallel size 1, so the optimizer state is not sharded and no "
-              "gradients are reduced; give --dp for the run you plan", file=sys.stderr)
+        note("--dp not given: data-parallel size 1, so the optimizer state is not sharded and no gradients are "
+             "reduced; give --dp for the run you plan")
     return spec
 
 
@@ -108,34 +112,41 @@ def cmd_best(args: argparse.Namespace) -> int:
                "top": args.top, "exact": exact, "results": records}
     if not exact:
         payload["optimum_lower_bound"] = found.lower_bound
-    shape = f"{stages} stages" + (f" x {chunks} chunks" if chunks > 1 else "")
+    shape = plural(stages, "stage") + (f" x {plural(chunks, 'chunk')}" if chunks > 1 else "")
     if not found:
         held = coverage(spec.model, stages, spec.bucket, spec.in_flight) if chunks == 1 else spec.model.layers
         payload["coverable_layers"] = held
         why = ("" if held >= spec.model.layers else
                ": not even its first layer fits on a device" if held == 0 else
-               f": even with their lightest options the {stages} stages hold at most {held:,} of its "
+               f": even with their lightest options the {plural(stages, 'stage')} hold at most {held:,} of its "
                f"{spec.model.layers:,} layers")
         _emit(args, payload, f"no feasible split of {spec.name} into {shape} fits the device memory{why}"
               + ("" if exact else " (among the splits a local search tried)"))
         return EXIT_INFEASIBLE
     text = "\n\n".join(format_split(r, f"#{i + 1} of {spec.name}, {shape}") for i, r in enumerate(records))
     if not exact:
-        text += (f"\n\nlocal search over interleaved splits (the layers are not one kind between the first and "
-                 f"the last): not proven optimal; the optimum is at least {found.lower_bound:.6g}")
+        why = ("the layers are not one kind between the first and the last" if not one_body_kind(spec.model)
+               else f"the {args.score} score of interleaved splits is searched locally")
+        text += (f"\n\nlocal search over interleaved splits ({why}): not proven optimal; the optimum is at least "
+                 f"{found.lower_bound:.6g}")
     if args.emit in formats.EMITTERS:  # the best split's settings, in place of the tables
         try:
             text = formats.emit(args.emit, model, found[0][0], found[0][2], spec.name, found[0][1], spec.in_flight)
         except ValueError as exc:
             raise BadInput(f"--emit {args.emit}: {spec.source}: {exc}") from None
     if args.plot:
+        counts = list(found[0][0])
         try:
-            solved = schedule.of_split(spec.model, found[0][0], spec.bucket, in_flight, chunks)
+            solved = schedule.of_split(spec.model, counts, spec.bucket, in_flight, chunks,
+                                       pipeline_send(spec.model, stages))
         except ValueError:  # too many operations to draw: the stage chart alone
             solved = None
-        run = "" if records[0]["mfu"] is None else (f", iteration {records[0]['iteration_time_s']:.3g} s, "
-                                                     f"MFU {100 * records[0]['mfu']:.1f}%")
-        plot_best(records, solved, args.plot, f"{spec.name}, {shape}: best split {list(found[0][0])}{run}")
+        comm = communication_shares(spec.model, counts, spec.model.option_names(counts, found[0][2], in_flight,
+                                                                                chunks), chunks)
+        run = "" if records[0]["mfu"] is None else (f"; the run {records[0]['iteration_time_s']:.4g} s, "
+                                                     f"MFU {100 * records[0]['mfu']:.1f}%, "
+                                                     f"{records[0]['tflops_per_gpu']:.0f} TFLOP/s per GPU")
+        plot_best(records, solved, args.plot, f"{spec.name}, {shape}: best split {counts}{run}", comm)
     _emit(args, payload, text)
     return EXIT_OK
 
@@ -178,7 +189,7 @@ def cmd_rank(args: argparse.Namespace) -> int:
                "out": args.out, "best": None}
     if args.plot:
         plot_scores(slowest, args.plot, f"slowest-stage time of candidate splits of {spec.name}",
-                    None if best_i < 0 else float(slowest[best_i]))
+                    None if best_i < 0 else float(slowest[best_i]), spec.model.costs is not None)
     if best_i < 0:
         _emit(args, payload, f"none of the {len(splits)} splits is feasible")
         return EXIT_INFEASIBLE
@@ -223,14 +234,14 @@ def cmd_curve(args: argparse.Namespace) -> int:
         stages = _stages(args, spec)
         found = best_splits(spec.model, stages, 1, "slowest", spec.bucket, backend, spec.in_flight, _max_bytes(args))
         if not found:
-            print(f"no feasible split of {spec.name} into {stages} stages", file=sys.stderr)
+            print(f"no feasible split of {spec.name} into {plural(stages, 'stage')}", file=sys.stderr)
             return EXIT_INFEASIBLE
         counts = list(found[0][0])
     p = len(counts) // spec.chunks
     if spec.stages is not None and args.counts and p != spec.stages and spec.in_flight is not None:
         raise BadInput(f"--counts: {p} stages, but the spec's in-flight table is for {spec.stages}")
     if not args.stage < p:
-        raise BadInput(f"--stage: must be in 0..{p - 1} for a split of {p} stages, got {args.stage}")
+        raise BadInput(f"--stage: must be in 0..{p - 1} for a split of {plural(p, 'stage')}, got {args.stage}")
     stage = spec.model.stages(counts, spec.in_flight, spec.chunks)[args.stage]
     table = FrontTable(spec.model.fronts, spec.bucket)
     useful = [(g.count, table.get(g.kind, g.in_flight)) for g in stage.groups]
@@ -252,7 +263,8 @@ def cmd_curve(args: argparse.Namespace) -> int:
         mark = "  <- the stage's budget" if pt["budget_bytes"] == max(stage.budget, 0.0) else ""
         lines.append(f"{pt['budget_bytes'] / 2**20:>14,.1f} {shown:>12}{mark}")
     if args.plot:
-        plot_curve(points, args.plot, f"stage {args.stage}", stage.budget)
+        plot_curve(points, args.plot, f"{spec.name}: stage {args.stage} of split {counts}\nits least time within each "
+                   f"memory budget", stage.budget, spec.model.costs is not None)
     _emit(args, payload, "\n".join(lines))
     return EXIT_OK if any(p["time"] is not None for p in points) else EXIT_INFEASIBLE
 
@@ -284,9 +296,10 @@ def cmd_timeline(args: argparse.Namespace) -> int:
               f"split {counts} of {spec.name} does not fit the device memory")
         return EXIT_INFEASIBLE
     t, times, closed = solved
-    if args.plot:
-        plot_timeline(t, times, args.plot, f"{spec.name}: split {counts}")
     names = spec.model.plan(counts, spec.bucket, spec.in_flight if chunks == spec.chunks else None, chunks)
+    if args.plot:
+        plot_timeline(t, times, args.plot, f"{spec.name}: split {counts}", spec.model.costs is not None,
+                      communication_shares(spec.model, counts, names, chunks))
     run = run_record(spec.model, counts, names, chunks)
     payload = {**_header("timeline", spec, "numpy"), "timeline": schedule.record(t, times, counts),
                "closed_form_1f1b": closed, **run}
@@ -295,6 +308,11 @@ def cmd_timeline(args: argparse.Namespace) -> int:
         text += "\n" + run_summary(run)
     _emit(args, payload, text)
     return EXIT_OK
+
+
+def plural(n: int, word: str) -> str:
+    """``1 stage``, ``2 stages``."""
+    return f"{n} {word}" + ("" if n == 1 else "s")
 
 
 def _stages_match(args: argparse.Namespace, counts: list, chunks: int) -> None:

@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("spec")
     r.add_argument("--splits", help="CSV or .npy of layer counts, one split per row")
     r.add_argument("--from", dest="settings", metavar="FILE",
-                   help="score a framework's settings instead (a MindFormers YAML)")
+                   help="score a framework's settings instead (a MindFormers YAML/JSON or a Megatron arguments file)")
     r.add_argument("--out", help="write every score (.npy, else CSV)")
     r.set_defaults(func=cmd_rank)
     c = sub.add_parser("curve", parents=[common], help="a stage's least time against its memory budget")

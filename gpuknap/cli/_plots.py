@@ -1,12 +1,23 @@
-"""Pictures: the best splits' stage chart, the schedule's Gantt chart, a stage's curve, the
-scores of many splits, the sweep's heat maps (matplotlib, an optional extra)."""
+"""Pictures a user reads at a glance: the best split (its schedule over where each stage's memory
+and time go), a stage's time against its memory budget, the scores of many splits, and the
+sweep's heat maps (matplotlib, an optional extra).  Each ``*_figure`` function builds the figure
+(the tests read its texts); each ``plot_*`` saves it and closes it.
+"""
 from __future__ import annotations
 
 from typing import Any, Sequence
 
 import numpy as np
 
-from ..engine import MEGABYTE
+from . import _gantt
+
+GIB = 2**30
+MEMORY = (("static_bytes", "weights, gradients, optimizer", "#6baed6"),
+          ("activation_bytes", "activations", "#fd8d3c"), ("logits_bytes", "fp32 logits", "#e6550d"),
+          ("reserved_bytes", "reserved", "#bdbdbd"))
+TIME = (("compute", "compute", "#3182bd"), ("recompute", "recompute", "#fd8d3c"),
+        (("tp", "cp", "ep", "p2p"), "communication (TP, CP, EP, p2p)", "#737373"),
+        ("dp", "data-parallel tail and optimizer", "#9e9ac8"), ("bubble", "bubble", "#d9d9d9"))
 
 
 def _pyplot():
@@ -24,169 +35,197 @@ def require_matplotlib() -> None:
     _pyplot()
 
 
-def _draw_splits(ax_t: Any, ax_m: Any, records: Sequence[dict]) -> None:
-    """Per-stage time, and memory against budget, for each of the best splits."""
-    width = 0.8 / max(len(records), 1)
-    for i, rec in enumerate(records):
-        xs = np.arange(len(rec["stages"])) + i * width
-        ax_t.bar(xs, [r["time"] for r in rec["stages"]], width, label=f"#{i + 1} {rec['counts']}")
-        ax_m.bar(xs, [r["memory_bytes"] / MEGABYTE for r in rec["stages"]], width)
-        ax_m.scatter(xs, [r["budget_bytes"] / MEGABYTE for r in rec["stages"]], marker="_", color="k", s=80)
-    ax_t.set_ylabel("stage time")
-    ax_m.set_ylabel("memory (MiB); - budget")
-    ax_m.set_xlabel("stage")
-    ax_t.set_ylim(top=ax_t.get_ylim()[1] * (1.15 + 0.1 * len(records)))  # room for the legend above the bars
-    ax_t.legend(fontsize=6, loc="upper right", ncol=1 if len(records) < 6 else 2)
-
-
-def plot_splits(records: Sequence[dict], path: str) -> None:
-    """Per-stage time, and memory against budget, for each of the best splits."""
-    plt = _pyplot()
-    fig, (ax_t, ax_m) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
-    _draw_splits(ax_t, ax_m, records)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-
-
-def plot_best(records: Sequence[dict], solved: Any, path: str, title: str) -> None:
-    """``best --plot``: the best split's schedule as a Gantt chart (when ``solved``, from
-    :func:`gpuknap.schedule.of_split`) above the per-stage time and memory of the splits found."""
-    if solved is None:
-        return plot_splits(records, path)
-    plt = _pyplot()
-    t, times = solved[0], solved[1]
-    fig = plt.figure(figsize=(12, 0.45 * t.stages + 6.5))
-    grid = fig.add_gridspec(3, 1, height_ratios=[0.45 * t.stages + 1.8, 2.2, 2.2])
-    ax_g = fig.add_subplot(grid[0])
-    _draw_timeline(plt, ax_g, t, times, title)
-    ax_t = fig.add_subplot(grid[1])
-    ax_m = fig.add_subplot(grid[2], sharex=ax_t)
-    _draw_splits(ax_t, ax_m, records)
-    ax_t.set_title("per-stage time and memory of the splits found", fontsize=10)
-    fig.tight_layout()
+def _save(plt: Any, fig: Any, path: str) -> None:
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def plot_curve(points: Sequence[dict], path: str, title: str, budget: float | None = None) -> None:
-    """A stage's least time against its memory budget."""
+def _stages(ax_m: Any, ax_t: Any, record: dict) -> None:
+    """The best split per stage: stacked memory against the device's capacity, and stacked time
+    (where it goes, for cost-modelled models; the stage's time otherwise)."""
+    rows = record["stages"]
+    xs = np.arange(len(rows))
+    bottom = np.zeros(len(rows))
+    for key, label, colour in MEMORY:
+        values = np.array([r[key] / GIB for r in rows])
+        if values.any():
+            ax_m.bar(xs, values, 0.7, bottom=bottom, color=colour, label=label)
+            bottom += values
+    ax_m.axhline(rows[0]["capacity_bytes"] / GIB, color="black", linestyle="--", linewidth=1, label="device capacity")
+    ax_m.set_ylabel("memory (GiB)")
+    ax_m.set_ylim(0, rows[0]["capacity_bytes"] / GIB * 1.12)
+    ax_m.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    breakdown = [r.get("breakdown") for r in rows]
+    bottom = np.zeros(len(rows))
+    if all(b is not None for b in breakdown):
+        for keys, label, colour in TIME:
+            keys = keys if isinstance(keys, tuple) else (keys,)
+            values = np.array([sum(b.get(k, 0.0) for k in keys) for b in breakdown])
+            if values.any():
+                ax_t.bar(xs, values, 0.7, bottom=bottom, color=colour, label=label)
+                bottom += values
+        ax_t.set_ylabel("time per iteration (s)")
+        ax_t.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    else:
+        ax_t.bar(xs, [r["time"] for r in rows], 0.7, color=TIME[0][2], label="stage time")
+        ax_t.set_ylabel("stage time (profile time units)")
+    slowest = [s for s, r in enumerate(rows) if r["slowest"]]
+    for s in slowest:
+        ax_t.annotate("*", (s, ax_t.get_ylim()[1] * 0.98), ha="center", va="top", fontsize=12)
+    for ax in (ax_m, ax_t):
+        ax.set_xticks(xs)
+        ax.set_xticklabels([str(s) for s in xs])
+        ax.set_xlim(-0.6, len(rows) - 0.4)
+    ax_t.set_xlabel("stage (* the slowest)")
+
+
+def best_figure(records: Sequence[dict], solved: Any, title: str, comm: Sequence | None = None) -> Any:
+    """``best --plot``: the best split's schedule (when ``solved``, from
+    :func:`gpuknap.schedule.of_split`) over its stages' memory and time."""
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4))
-    xs = [p["budget_bytes"] / MEGABYTE for p in points if p["time"] is not None]
+    record = records[0]
+    analytic = record.get("iteration_time_s") is not None
+    if solved is None:
+        fig, (ax_m, ax_t) = plt.subplots(2, 1, figsize=(11, 6), sharex=True)
+        _stages(ax_m, ax_t, record)
+        fig.suptitle(title, fontsize=10)
+        fig.subplots_adjust(left=0.08, right=0.74, top=0.9, hspace=0.12)
+        return fig
+    t, times = solved[0], solved[1]
+    unit = _gantt.time_unit(analytic, t.iteration_time)
+    spans = _gantt.windows(t)
+    fig = plt.figure(figsize=(13, 0.36 * t.stages + 6.0))
+    grid = fig.add_gridspec(3, 1, height_ratios=[0.36 * t.stages + 1.0, 2.0, 2.0], hspace=0.38)
+    top = grid[0].subgridspec(1, len(spans), wspace=0.04)
+    axes = [fig.add_subplot(top[0, i]) for i in range(len(spans))]
+    _gantt.draw(plt, axes, t, times, comm, unit, title)
+    ax_m = fig.add_subplot(grid[1])
+    ax_t = fig.add_subplot(grid[2], sharex=ax_m)
+    _stages(ax_m, ax_t, record)
+    ax_m.set_title("the best split per stage: memory against the device, and where each stage's time goes",
+                   fontsize=9)
+    fig.subplots_adjust(left=0.08, right=0.78, top=0.9, bottom=0.07)
+    return fig
+
+
+def plot_best(records: Sequence[dict], solved: Any, path: str, title: str, comm: Sequence | None = None) -> None:
+    plt = _pyplot()
+    _save(plt, best_figure(records, solved, title, comm), path)
+
+
+def timeline_figure(t: Any, times: Any, title: str, analytic: bool, comm: Sequence | None = None) -> Any:
+    """``timeline --plot``: the schedule alone."""
+    return _gantt.figure(_pyplot(), t, times, comm, _gantt.time_unit(analytic, t.iteration_time), title)
+
+
+def plot_timeline(t: Any, times: Any, path: str, title: str, analytic: bool = False,
+                  comm: Sequence | None = None) -> None:
+    plt = _pyplot()
+    _save(plt, timeline_figure(t, times, title, analytic, comm), path)
+
+
+def curve_figure(points: Sequence[dict], title: str, budget: float | None, analytic: bool) -> Any:
+    """``curve --plot``: a stage's least time against its memory budget."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    xs = [p["budget_bytes"] / GIB for p in points if p["time"] is not None]
     ys = [p["time"] for p in points if p["time"] is not None]
-    ax.step(xs, ys, where="post", marker=".")
+    ax.step(xs, ys, where="post", marker=".", label="least time within the budget")
     if budget is not None:
-        ax.axvline(budget / MEGABYTE, color="k", linestyle=":", label="stage budget")
-        ax.legend()
-    ax.set_xlabel("memory budget (MiB)")
-    ax.set_ylabel("least time")
-    ax.set_title(title)
+        ax.axvline(budget / GIB, color="k", linestyle=":", label=f"the stage's budget ({budget / GIB:.1f} GiB)")
+    ax.legend(fontsize=8)
+    ax.set_xlabel("memory budget for activations (GiB)")
+    ax.set_ylabel("least stage time (ms)" if analytic else "least stage time (profile time units)")
+    ax.set_title(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    return fig
 
 
-def plot_scores(slowest: np.ndarray, path: str, title: str, best: float | None = None) -> None:
-    """The distribution of the feasible splits' slowest-stage times, the best marked."""
+def plot_curve(points: Sequence[dict], path: str, title: str, budget: float | None = None,
+               analytic: bool = False) -> None:
+    plt = _pyplot()
+    _save(plt, curve_figure(points, title, budget, analytic), path)
+
+
+def scores_figure(slowest: np.ndarray, title: str, best: float | None, analytic: bool) -> Any:
+    """``rank --plot``: the distribution of the feasible splits' slowest-stage times, the best marked."""
     plt = _pyplot()
     finite = slowest[np.isfinite(slowest)]
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
     if len(finite):
-        ax.hist(finite, bins=min(50, max(1, len(np.unique(finite)))), color="tab:blue")
+        ax.hist(finite, bins=min(50, max(1, len(np.unique(finite)))), color="#3182bd")
     if best is not None:
         ax.axvline(best, color="k", linestyle=":", label=f"best {best:.6g}")
-        ax.legend()
-    ax.set_xlabel("slowest stage time (profile time units)")
+        ax.legend(fontsize=8)
+    ax.set_xlabel("slowest stage time (ms)" if analytic else "slowest stage time (profile time units)")
     ax.set_ylabel("splits")
     infeasible = len(slowest) - len(finite)
     ax.set_title(f"{title}\n{len(slowest):,} splits scored: {len(finite):,} feasible"
                  + (f", {infeasible:,} infeasible (not shown)" if infeasible else ""), fontsize=10)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    return fig
 
 
-def plot_timeline(t: Any, times: Any, path: str, title: str) -> None:
-    """A Gantt chart: one row per stage, forward and backward boxes coloured by micro-batch,
-    chunks told apart by shade and hatch, the recompute part of each backward hatched, idle
-    time left white; iteration time and bubble in the title."""
+def plot_scores(slowest: np.ndarray, path: str, title: str, best: float | None = None,
+                analytic: bool = False) -> None:
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(12, 0.45 * t.stages + 1.8))
-    _draw_timeline(plt, ax, t, times, title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, scores_figure(slowest, title, best, analytic), path)
 
 
-def _draw_timeline(plt: Any, ax: Any, t: Any, times: Any, title: str) -> None:
-    from matplotlib.patches import Patch
-
-    cmap = plt.get_cmap("tab20")
-    for op in t.ops:
-        colour = cmap(op.micro_batch % 20)
-        y = t.stages - 1 - op.stage
-        light = op.kind == "F"
-        ax.broken_barh([(op.start, op.end - op.start)], (y - 0.4, 0.8), facecolors=colour,
-                       edgecolor="black", linewidth=0.3, alpha=0.55 if light else 1.0,
-                       hatch="" if op.chunk % 2 == 0 else "..")
-        rec = times.recompute[op.stage][op.chunk]
-        if op.kind == "B" and rec > 0:
-            ax.broken_barh([(op.start, rec)], (y - 0.4, 0.8), facecolors="none", edgecolor="black",
-                           linewidth=0.0, hatch="////")
-    ax.set_yticks(range(t.stages))
-    ax.set_yticklabels([f"stage {s}" for s in range(t.stages - 1, -1, -1)])
-    ax.set_xlim(0, t.iteration_time)
-    ax.set_xlabel("time (profile time units)")
-    ax.set_title(f"{title}\niteration time {t.iteration_time:.6g}, bubble {100 * t.bubble:.1f}%, "
-                 f"{t.micro_batches} micro-batches" + (f", {t.chunks} chunks per stage" if t.chunks > 1 else ""),
-                 fontsize=10)
-    handles = [Patch(facecolor="0.6", alpha=0.55, edgecolor="black", label="forward (light)"),
-               Patch(facecolor="0.6", edgecolor="black", label="backward (dark)"),
-               Patch(facecolor="white", edgecolor="black", hatch="////", label="recompute in backward"),
-               Patch(facecolor="white", label="idle (white)")]
-    if t.chunks > 1:
-        handles.append(Patch(facecolor="white", edgecolor="black", hatch="..", label="odd chunks (dotted)"))
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.9 / (0.45 * t.stages + 1.8)),
-              ncol=len(handles), fontsize=8, frameon=False)
-
-
-def plot_sweep(rows: Sequence[dict], path: str, title: str) -> None:
-    """Throughput of each configuration's best split as heat maps over stages x tensor-parallel
-    size, one per micro-batch size (the best over interleaving in each cell); the best
-    configuration boxed; grey where nothing fits or the configuration was not valid."""
+def sweep_figure(rows: Sequence[dict], skipped: Sequence[dict], title: str) -> Any:
+    """``sweep --plot``: throughput of each configuration's best split over stages x tensor-parallel
+    size, one map per micro-batch size (the best over the other grid keys in each cell), coloured
+    over the feasible range; "x" marks a configuration that is not valid, "OOM" one whose model
+    does not fit; the best configuration boxed, its numbers in the title."""
     plt = _pyplot()
     feasible = [r for r in rows if r["feasible"] and r["rank"] == 1]
     tokens = bool(feasible) and all(r["throughput"]["tokens_per_second"] is not None for r in feasible)
     unit = "tokens/s" if tokens else "samples/s"
     value = (lambda r: r["throughput"]["tokens_per_second"]) if tokens else \
         (lambda r: r["throughput"]["samples_per_second"])
-    configs = [r["config"] for r in rows]
+    configs = [r["config"] for r in rows] + [s["config"] for s in skipped]
     ps = sorted({c["stages"] for c in configs})
     tps = sorted({c["tensor_parallel"] for c in configs})
     mbss = sorted({c["micro_batch_size"] for c in configs})
-    top = max((value(r) for r in feasible), default=1.0)
-    fig, axes = plt.subplots(1, len(mbss), figsize=(0.75 * len(tps) * len(mbss) + 2.5, 0.5 * len(ps) + 2.6),
+    speeds = [value(r) for r in feasible]
+    low, high = (min(speeds), max(speeds)) if speeds else (0.0, 1.0)
+    if high <= low:
+        low, high = low * 0.99, high * 1.01 + 1e-9
+    fig, axes = plt.subplots(1, len(mbss), figsize=(0.9 * len(tps) * len(mbss) + 3.0, 0.55 * len(ps) + 2.9),
                              squeeze=False, constrained_layout=True)
-    scale, suffix = (1e3, "k") if top >= 1e4 else (1.0, "")
     best = max(feasible, key=value, default=None)
     image = None
     for ax, mbs in zip(axes[0], mbss):
         grid = np.full((len(ps), len(tps)), np.nan)
-        for r in feasible:
+        state = np.zeros((len(ps), len(tps)), dtype=int)  # 0 absent, 1 invalid, 2 does not fit, 3 runs
+        for s in skipped:
+            c = s["config"]
+            if c["micro_batch_size"] == mbs:
+                state[ps.index(c["stages"]), tps.index(c["tensor_parallel"])] |= 1
+        for r in rows:
             c = r["config"]
             if c["micro_batch_size"] == mbs:
                 i, j = ps.index(c["stages"]), tps.index(c["tensor_parallel"])
-                grid[i, j] = np.nanmax([grid[i, j], value(r)])
-        cmap = plt.get_cmap("viridis").copy()
-        cmap.set_bad("0.85")
-        image = ax.imshow(grid, cmap=cmap, vmin=0, vmax=top, aspect="auto", origin="lower")
+                if r["feasible"]:
+                    grid[i, j] = np.nanmax([grid[i, j], value(r)])
+                    state[i, j] = 3
+                elif state[i, j] != 3:
+                    state[i, j] = 2
+        cmap = plt.get_cmap("viridis").with_extremes(bad="white")
+        image = ax.imshow(grid, cmap=cmap, vmin=low, vmax=high, aspect="auto", origin="lower")
         for i in range(len(ps)):
             for j in range(len(tps)):
-                if np.isfinite(grid[i, j]):
-                    ax.text(j, i, f"{grid[i, j] / scale:.0f}{suffix}" if scale > 1 else f"{grid[i, j]:.3g}",
-                            ha="center", va="center", fontsize=7,
-                            color="white" if grid[i, j] < 0.6 * top else "black")
+                if state[i, j] == 3:
+                    v = grid[i, j]
+                    text = f"{v / 1e3:.0f}k" if high >= 1e4 else f"{v:.3g}"
+                    ax.text(j, i, text, ha="center", va="center", fontsize=7,
+                            color="white" if v < low + 0.6 * (high - low) else "black")
+                elif state[i, j] == 2:
+                    ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, color="#fcbba1"))
+                    ax.text(j, i, "OOM", ha="center", va="center", fontsize=7, color="#a50f15")
+                elif state[i, j] == 1:
+                    ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, color="#eeeeee"))
+                    ax.text(j, i, "x", ha="center", va="center", fontsize=9, color="#636363")
         if best is not None and best["config"]["micro_batch_size"] == mbs:
             i, j = ps.index(best["config"]["stages"]), tps.index(best["config"]["tensor_parallel"])
             ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="red", linewidth=2.5))
@@ -199,9 +238,19 @@ def plot_sweep(rows: Sequence[dict], path: str, title: str) -> None:
             ax.set_ylabel("pipeline stages")
         ax.set_title(f"micro-batch size {mbs}", fontsize=9)
     fig.colorbar(image, ax=axes[0].tolist(), label=f"throughput ({unit}, whole cluster)")
-    chosen = "" if best is None else f"\nbest (red box): P={best['config']['stages']}, " \
-        f"TP={best['config']['tensor_parallel']}, mbs={best['config']['micro_batch_size']}, " \
-        f"v={best['config']['interleave']}: {value(best):,.0f} {unit}"
-    fig.suptitle(f"{title}{chosen}\ngrey: nothing fits, or not a valid configuration", fontsize=9)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    chosen = ""
+    if best is not None:
+        c = best["config"]
+        mfu = "" if best.get("mfu") is None else f", MFU {100 * best['mfu']:.1f}%"
+        chosen = (f"\nbest (red box): P={c['stages']} TP={c['tensor_parallel']} mbs={c['micro_batch_size']}"
+                  + "".join(f" {k}={c[key]}" for k, key in (("v", "interleave"), ("EP", "expert_parallel"),
+                                                            ("CP", "context_parallel")) if c.get(key, 1) > 1)
+                  + f": {value(best):,.0f} {unit}{mfu}")
+    fig.suptitle(f"{title}{chosen}\nx: not a valid configuration   OOM: does not fit the device memory",
+                 fontsize=9)
+    return fig
+
+
+def plot_sweep(rows: Sequence[dict], path: str, title: str, skipped: Sequence[dict] = ()) -> None:
+    plt = _pyplot()
+    _save(plt, sweep_figure(rows, skipped, title), path)

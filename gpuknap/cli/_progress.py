@@ -1,31 +1,63 @@
-"""The command line's progress bar: a listener for the engine's progress reports."""
+"""The command line's progress line: a listener for the engine's progress reports.
+
+One line on stderr, only on a terminal and when not ``--quiet``, shown once a job has run
+for half a second (short jobs print nothing).  It names the phase it is in (segments, DP
+passes, bottlenecks, plans...) with that phase's share done and the time since the start;
+it is erased, not left behind, when the job ends or a note is printed, so what follows
+starts on a clean line.
+"""
 from __future__ import annotations
 
 import sys
 import time
 
+#: Seconds before the line first appears.
+DELAY = 0.5
+WIDTH = 72
+
+_active: "Bar | None" = None
+
 
 class Bar:
-    """A one-line progress bar on stderr, shown only on a terminal and when not ``quiet``.
-
-    A callback for :func:`reporting`: each phase (segments, DP passes,
-    bottlenecks, plans) redraws the bar, at most ten times a second."""
+    """A callback for :func:`gpuknap.engine.reporting` (see the module docstring)."""
 
     def __init__(self, quiet: bool):
+        global _active
         self.on = not quiet and sys.stderr.isatty()
         self.start = self.drawn = time.perf_counter()
         self.shown = False
+        self.phases: list[str] = []
+        _active = self
 
     def __call__(self, stage: str, done: int, total: int) -> None:
         now = time.perf_counter()
-        if not self.on or (now - self.drawn < 0.1 and done < total):
+        if stage not in self.phases:
+            self.phases.append(stage)
+        if not self.on or now - self.start < DELAY or (now - self.drawn < 0.1 and done < total):
             return
         self.drawn, self.shown = now, True
-        filled = int(30 * done / max(total, 1))
-        sys.stderr.write(f"\r{stage:>12} [{'#' * filled}{'.' * (30 - filled)}] {100 * done / max(total, 1):5.1f}% "
-                         f"{now - self.start:6.1f}s")
+        filled = int(20 * done / max(total, 1))
+        line = (f"{stage} (phase {len(self.phases)}) [{'#' * filled}{'.' * (20 - filled)}] "
+                f"{100 * done / max(total, 1):3.0f}%  {now - self.start:5.1f} s")
+        sys.stderr.write("\r" + line[:WIDTH].ljust(WIDTH))
         sys.stderr.flush()
 
-    def close(self) -> None:
+    def clear(self) -> None:
+        """Erase the line (the next output starts on a clean line)."""
         if self.shown:
-            sys.stderr.write("\n")
+            sys.stderr.write("\r" + " " * WIDTH + "\r")
+            sys.stderr.flush()
+            self.shown = False
+
+    def close(self) -> None:
+        global _active
+        self.clear()
+        if _active is self:
+            _active = None
+
+
+def note(text: str) -> None:
+    """A ``note: ...`` line on stderr, the progress line erased first."""
+    if _active is not None:
+        _active.clear()
+    print(f"note: {text}", file=sys.stderr)

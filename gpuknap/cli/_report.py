@@ -42,6 +42,7 @@ def split_record(model: PipelineModel, counts: Sequence[int], choice: PipelineCh
     stage its own bound: the stage's time with weights rounded down and the
     budget rounded up, below which no exact-bytes choice can go."""
     stages = model.stages(list(counts), in_flight, chunks)
+    in_flight_table = model.in_flight_table(len(stages), chunks, in_flight)
     relaxed = Planner(model.fronts, bucket, relaxed=True)(stages) if lower_bound is not None else None
     label = option_label(model)
     slowest = choice.slowest
@@ -57,7 +58,7 @@ def split_record(model: PipelineModel, counts: Sequence[int], choice: PipelineCh
             "stage": s,
             "first_layer": first[s] if chunks == 1 else [first[c * p + s] for c in range(chunks)],
             "layers": sum(g.count for g in stage.groups),
-            "in_flight": sorted({g.in_flight for g in stage.groups}) if chunks > 1 else
+            "in_flight": [int(k) for k in in_flight_table[s]] if chunks > 1 else
             (stage.groups[0].in_flight if stage.groups else None),
             "budget_bytes": stage.budget,
             "memory_bytes": sc.memory,
@@ -126,7 +127,7 @@ def format_split(record: dict, title: str) -> str:
         mem = (f"{r['static_bytes'] / GIB:>7.1f} {r['activation_bytes'] / GIB:>7.1f} {r['logits_bytes'] / GIB:>7.1f} "
                f"{share:>21}")
         opts = " ".join(f"{k}x{v}" for k, v in r["options"].items())
-        inflight = r["in_flight"] if not isinstance(r["in_flight"], list) else ",".join(map(str, r["in_flight"]))
+        inflight = r["in_flight"]
         low = f" {r['time_lower_bound']:>11.6g}" if bounded else ""
         lines.append(f"{r['stage']:>5} {r['layers']:>6} {inflight!s:>9} {mem} {r['time']:>11.6g}{mark}{low}  {opts}")
     reserved = record["stages"][0]["reserved_bytes"]

@@ -107,7 +107,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                    expert_tensor_parallel=args.etp, context_parallel=args.cp)
     feasible = result.best is not None
     if args.plot:
-        plot_sweep(result.rows, args.plot, f"{args.spec}: {args.gpus} GPUs, global batch {args.global_batch}")
+        plot_sweep(result.rows, args.plot, f"{args.spec}: {args.gpus} GPUs, global batch {args.global_batch}",
+                   result.skipped)
     if args.json:
         payload = {"gpuknap_json": JSON_VERSION, "version": __version__, "command": "sweep", "source": args.spec,
                    "gpus": args.gpus, "global_batch": args.global_batch, "score": args.score, "top": args.top,
