@@ -172,12 +172,9 @@ def plot_scores(slowest: np.ndarray, path: str, title: str, best: float | None =
     _save(plt, scores_figure(slowest, title, best, analytic), path)
 
 
-def sweep_figure(rows: Sequence[dict], skipped: Sequence[dict], title: str) -> Any:
-    """``sweep --plot``: throughput of each configuration's best split over stages x tensor-parallel
-    size, one map per micro-batch size (the best over the other grid keys in each cell), coloured
-    over the feasible range; "x" marks a configuration that is not valid, "OOM" one whose model
-    does not fit; the best configuration boxed, its numbers in the title."""
-    plt = _pyplot()
+def _heat(plt: Any, fig: Any, rows: Sequence[dict], skipped: Sequence[dict]) -> str:
+    """Heat maps of throughput over stages x tensor-parallel size, one per micro-batch size, drawn
+    into ``fig`` (a figure or subfigure); returns the line naming the best configuration."""
     feasible = [r for r in rows if r["feasible"] and r["rank"] == 1]
     tokens = bool(feasible) and all(r["throughput"]["tokens_per_second"] is not None for r in feasible)
     unit = "tokens/s" if tokens else "samples/s"
@@ -191,8 +188,7 @@ def sweep_figure(rows: Sequence[dict], skipped: Sequence[dict], title: str) -> A
     low, high = (min(speeds), max(speeds)) if speeds else (0.0, 1.0)
     if high <= low:
         low, high = low * 0.99, high * 1.01 + 1e-9
-    fig, axes = plt.subplots(1, len(mbss), figsize=(0.9 * len(tps) * len(mbss) + 3.0, 0.55 * len(ps) + 2.9),
-                             squeeze=False, constrained_layout=True)
+    axes = fig.subplots(1, len(mbss), squeeze=False)
     best = max(feasible, key=value, default=None)
     image = None
     for ax, mbs in zip(axes[0], mbss):
@@ -246,11 +242,89 @@ def sweep_figure(rows: Sequence[dict], skipped: Sequence[dict], title: str) -> A
                   + "".join(f" {k}={c[key]}" for k, key in (("v", "interleave"), ("EP", "expert_parallel"),
                                                             ("CP", "context_parallel")) if c.get(key, 1) > 1)
                   + f": {value(best):,.0f} {unit}{mfu}")
-    fig.suptitle(f"{title}{chosen}\nx: not a valid configuration   OOM: does not fit the device memory",
-                 fontsize=9)
+    fig.suptitle("x: not a valid configuration   OOM: does not fit the device memory   (each cell: the best "
+                 "over the other grid keys)", fontsize=8)
+    return chosen
+
+
+
+#: The parts of a row's time, as the cost model names them (``breakdown``), and their colours.
+PARTS = (("compute", "compute", "#3182bd"), ("recompute", "recompute", "#fd8d3c"), ("tp", "TP", "#636363"),
+         ("cp", "CP", "#969696"), ("ep", "EP all-to-all", "#31a354"), ("p2p", "p2p", "#bcbddc"),
+         ("dp", "DP exposed + optimizer", "#9e9ac8"), ("bubble", "bubble", "#e0e0e0"))
+
+
+def _label(c: dict) -> str:
+    extra = "".join(f" {k}={c[key]}" for k, key in (("CP", "context_parallel"), ("EP", "expert_parallel"),
+                                                     ("ETP", "expert_tensor_parallel"), ("v", "interleave"))
+                    if c.get(key) not in (None, 1))
+    device = f" {c['device']}" if c.get("device") else ""
+    return f"P={c['stages']} TP={c['tensor_parallel']}{extra} mbs={c['micro_batch_size']}{device}"
+
+
+def _bars(fig: Any, rows: Sequence[dict], count: int) -> None:
+    """Horizontal bars of the ``count`` best rows, best on top: the busiest stage's time split into
+    its parts (seconds) when the rows are cost-modelled, else the iteration time alone."""
+    shown = [r for r in rows if r["feasible"]][:count]
+    ax = fig.subplots()
+    if not shown:
+        ax.text(0.5, 0.5, "no configuration fits", ha="center", va="center", transform=ax.transAxes)
+        ax.set_axis_off()
+        return
+    y = np.arange(len(shown))[::-1]
+    modelled = all(r.get("breakdown") for r in shown)
+    if modelled:
+        left = np.zeros(len(shown))
+        for key, name, colour in PARTS:
+            width = np.array([r["breakdown"][key] for r in shown])
+            if width.any():
+                ax.barh(y, width, left=left, color=colour, label=name, height=0.7)
+            left += width
+        ax.set_xlabel("seconds per iteration on the busiest stage")
+        ax.legend(fontsize=7, ncol=8, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
+    else:
+        left = np.array([r["iteration_time"] for r in shown])
+        ax.barh(y, left, color="#3182bd", height=0.7)
+        ax.set_xlabel("iteration time (profile time unit)")
+    tokens = all(r["throughput"]["tokens_per_second"] is not None for r in shown)
+    for yi, r, end in zip(y, shown, left):
+        speed = r["throughput"]["tokens_per_second"] if tokens else r["throughput"]["samples_per_second"]
+        mfu = "" if r.get("mfu") is None else f", MFU {100 * r['mfu']:.0f}%"
+        ax.text(end, yi, f" {speed:,.0f} {'tok' if tokens else 'samples'}/s{mfu}", va="center", fontsize=7)
+    ax.set_yticks(y)
+    ax.set_yticklabels([f"{i}. {_label(r['config'])}" for i, r in enumerate(shown, 1)], fontsize=8)
+    ax.set_xlim(0, max(left) * 1.35)
+    ax.set_title(f"the {len(shown)} best configurations (ties: less idle, less memory, smaller TP)", fontsize=9,
+                 pad=18 if modelled else 6)
+
+
+def sweep_figure(rows: Sequence[dict], skipped: Sequence[dict], title: str, top: int | None = None) -> Any:
+    """``sweep --plot``.  With ``top`` (the rows are the best ones only): a bar chart of them with
+    their time breakdown.  With every row (``--all``): throughput heat maps over stages x
+    tensor-parallel size (a colour scale over the feasible range; "x" invalid, "OOM" does not
+    fit; the best boxed) above the bar chart of the ten best."""
+    plt = _pyplot()
+    count = min(top or 10, 40)
+    bars = min(count, sum(1 for r in rows if r["feasible"])) or 1
+    if top is not None:
+        fig = plt.figure(figsize=(11, 1.6 + 0.32 * bars), constrained_layout=True)
+        _bars(fig, rows, count)
+        fig.suptitle(title, fontsize=10)
+        return fig
+    configs = [r["config"] for r in rows] + [s["config"] for s in skipped]
+    ps, tps = {c["stages"] for c in configs}, {c["tensor_parallel"] for c in configs}
+    mbss = {c["micro_batch_size"] for c in configs}
+    heat_h = 0.55 * len(ps) + 2.4
+    fig = plt.figure(figsize=(max(0.9 * len(tps) * len(mbss) + 3.0, 11), heat_h + 1.4 + 0.32 * bars),
+                     constrained_layout=True)
+    top_fig, bottom = fig.subfigures(2, 1, height_ratios=[heat_h, 1.4 + 0.32 * bars])
+    chosen = _heat(plt, top_fig, rows, skipped)
+    _bars(bottom, rows, count)
+    fig.suptitle(f"{title}{chosen}", fontsize=10)
     return fig
 
 
-def plot_sweep(rows: Sequence[dict], path: str, title: str, skipped: Sequence[dict] = ()) -> None:
+def plot_sweep(rows: Sequence[dict], path: str, title: str, skipped: Sequence[dict] = (),
+               top: int | None = None) -> None:
     plt = _pyplot()
-    _save(plt, sweep_figure(rows, skipped, title), path)
+    _save(plt, sweep_figure(rows, skipped, title, top), path)

@@ -8,15 +8,18 @@ from typing import Any
 
 from .._version import __version__
 from ..engine import MAX_TOP
-from ..sweep import GRID_KEYS, SCORES, sweep
+from ..sweep import GRID_KEYS, MAX_TOP_ROWS, SCORES, sweep
 from ._flags import EXIT_OK, integer
 from ._plots import plot_sweep
 from ._report import JSON_VERSION
 
 EXIT_INFEASIBLE = 1
+GIB = 2**30
 #: Grid flags: flag -> grid key.
-GRID_FLAGS = {"--stages": "stages", "--tp": "tensor_parallel", "--micro-batch-size": "micro_batch_size",
-              "--interleave": "interleave"}
+GRID_FLAGS = {"--stages": "stages", "--tp": "tensor_parallel", "--cp": "context_parallel", "--ep": "expert_parallel",
+              "--etp": "expert_tensor_parallel", "--micro-batch-size": "micro_batch_size", "--interleave": "interleave"}
+#: Rows shown by default (``--top``).
+DEFAULT_TOP = 10
 
 
 def integers(flag: str) -> Any:
@@ -40,23 +43,30 @@ def add_sweep(sub: Any, base: Any) -> None:
     w.add_argument("--global-batch", type=integer("--global-batch", 1, 10**9), required=True,
                    help="samples per training step, over all data-parallel replicas")
     for flag, key in GRID_FLAGS.items():
-        w.add_argument(flag, type=integers(flag), dest=key, metavar="N,N,...", default=[1],
-                       help=f"{key.replace('_', ' ')} values to try (default 1)")
+        default = "the TP size, as Megatron" if key == "expert_tensor_parallel" else "1"
+        w.add_argument(flag, type=integers(flag), dest=key, metavar="N,N,...",
+                       help=f"{key.replace('_', ' ')} values to try (default {default})")
     w.add_argument("--score", choices=SCORES, default="1f1b", help="how each configuration's split is chosen")
-    w.add_argument("--top", type=integer("--top", 1, MAX_TOP), default=1, help="splits kept per configuration")
+    w.add_argument("--top", type=integer("--top", 1, MAX_TOP_ROWS), default=DEFAULT_TOP,
+                   help=f"show the N best configurations, exactly as a full sweep ranks them, pruning the rest by a "
+                        f"lower bound (default {DEFAULT_TOP})")
+    w.add_argument("--all", action="store_true", help="search every configuration and show every row")
+    w.add_argument("--top-splits", type=integer("--top-splits", 1, MAX_TOP), default=1,
+                   help="splits kept per configuration (default 1)")
     w.add_argument("--seq", type=integer("--seq", 1, 10**7), metavar="N", help="sequence length, for a config.json")
-    for flag, what in (("--ep", "expert-parallel size"), ("--etp", "expert-tensor-parallel size (default: TP)"),
-                       ("--cp", "context-parallel size")):
-        w.add_argument(flag, type=integer(flag, 1, 4096), metavar="N", help=f"{what}, the same for every configuration")
     w.add_argument("--scheduler", metavar="ADDRESS",
                    help="shard the configurations over a Dask cluster, e.g. tcp://host:8786 (needs gpuknap[cluster])")
     w.set_defaults(func=cmd_sweep)
 
 
 def _label(config: dict) -> str:
-    return (f"P={config['stages']} TP={config['tensor_parallel']} mbs={config['micro_batch_size']} "
-            f"M={config['micro_batches']} DP={config['data_parallel']}"
-            + (f" v={config['interleave']}" if config["interleave"] > 1 else ""))
+    extra = [f"{name}={config[key]}" for name, key in (("CP", "context_parallel"), ("EP", "expert_parallel"),
+                                                       ("ETP", "expert_tensor_parallel"), ("v", "interleave"))
+             if config.get(key) not in (None, 1)]
+    if config.get("device"):
+        extra.append(str(config["device"]))
+    return " ".join([f"P={config['stages']} TP={config['tensor_parallel']}", *extra,
+                     f"mbs={config['micro_batch_size']} M={config['micro_batches']} DP={config['data_parallel']}"])
 
 
 def _closest(rows: list) -> str:
@@ -70,26 +80,39 @@ def _closest(rows: list) -> str:
 
 
 def table(result: Any, limit: int = 30) -> str:
-    """The human table: configurations by throughput, then what was skipped."""
-    lines = [f"{'#':>3} {'configuration':<40} {'iteration':>11} {'samples/s':>10} {'tokens/s':>11} {'MFU':>6} "
-             f"{'TFLOP/s':>8}  counts"]
+    """The human table: configurations by throughput (ties by the documented rule), what each
+    row is made of, then how many were searched, pruned and skipped."""
+    lines = [f"{'#':>3} {'configuration':<44} {'iteration':>10} {'tokens/s':>10} {'MFU':>6} {'TFLOP/s':>7} "
+             f"{'idle':>5} {'headroom':>8}  counts"]
     for i, r in enumerate(result.rows[:limit], 1):
-        if r["feasible"]:
-            tokens = r["throughput"]["tokens_per_second"]
-            mark = "" if r["exact"] else " (local search)"
-            mfu = "-" if r.get("mfu") is None else f"{100 * r['mfu']:.1f}%"
-            tflops = "-" if r.get("tflops_per_gpu") is None else f"{r['tflops_per_gpu']:.0f}"
-            when = (f"{r['iteration_time_s']:.4g} s" if r.get("mfu") is not None else f"{r['iteration_time']:.6g}")
-            lines.append(f"{i:>3} {_label(r['config']):<40} {when:>11} "
-                         f"{r['throughput']['samples_per_second']:>10.4g} "
-                         f"{'-' if tokens is None else format(tokens, '11.4g'):>11} {mfu:>6} {tflops:>8}  "
-                         f"{r['counts']}{mark}")
-        else:
-            lines.append(f"{i:>3} {_label(r['config']):<40} {'infeasible':>11}")
+        if not r["feasible"]:
+            lines.append(f"{i:>3} {_label(r['config']):<44} {'does not fit':>10}  {r.get('reason', '')}")
+            continue
+        tokens = r["throughput"]["tokens_per_second"]
+        speed = f"{tokens:10.4g}" if tokens is not None else f"{r['throughput']['samples_per_second']:9.4g}s"
+        mark = "" if r["exact"] else " (local search)"
+        mfu = "-" if r.get("mfu") is None else f"{100 * r['mfu']:.1f}%"
+        tflops = "-" if r.get("tflops_per_gpu") is None else f"{r['tflops_per_gpu']:.0f}"
+        when = f"{r['iteration_time_s']:.4g} s" if r.get("mfu") is not None else f"{r['iteration_time']:.6g}"
+        room = min(r["headroom_bytes"]) / GIB
+        lines.append(f"{i:>3} {_label(r['config']):<44} {when:>10} {speed:>10} {mfu:>6} {tflops:>7} "
+                     f"{100 * r['idle_share']:4.0f}% {room:6.1f}Gi  {r['counts']}{mark}")
+        b = r.get("breakdown")
+        if b and i <= 3:
+            total = sum(b.values()) or 1.0
+            parts = ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in b.items() if v / total >= 0.005)
+            lines.append(f"{'':>3} {'busiest stage: ' + parts}")
     if len(result.rows) > limit:
         lines.append(f"... {len(result.rows) - limit} more rows (--json for all)")
+    searched = f"{result.searched:,} configurations searched"
+    if result.top is not None:
+        searched += (f", {result.pruned:,} pruned by bound (their fastest possible iteration is slower than "
+                     f"row {result.top})")
+        if result.unfit:
+            searched += f", {result.unfit:,} proved not to fit without a search"
+    lines.append(searched)
     if result.skipped:
-        lines.append(f"{len(result.skipped)} configurations skipped:")
+        lines.append(f"{len(result.skipped):,} configurations skipped:")
         reasons: dict[str, int] = {}
         for s in result.skipped:
             reasons[s["reason"]] = reasons.get(s["reason"], 0) + 1
@@ -97,22 +120,35 @@ def table(result: Any, limit: int = 30) -> str:
     return "\n".join(lines)
 
 
+def _grid(args: argparse.Namespace) -> tuple[dict, dict]:
+    """The grid of the flags given, and the source's device keywords (a ``--device`` list is a grid key)."""
+    grid = {key: getattr(args, key) for key in GRID_KEYS if key != "device" and getattr(args, key) is not None}
+    device = args.device
+    if device is not None and "," in device:
+        names = [d.strip() for d in device.split(",")]
+        if any(not d for d in names):
+            raise ValueError(f"--device: expected comma-separated device presets such as h100,h200, got {device!r}")
+        grid["device"], device = names, None
+    return grid, {"device": device, "gpus_per_node": args.gpus_per_node, "efficiency": args.efficiency,
+                  "device_fields": dict(args.device_field) if args.device_field else None}
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
-    grid = {key: getattr(args, key) for key in GRID_KEYS}
-    result = sweep(args.spec, grid, gpus=args.gpus, global_batch=args.global_batch, score=args.score, top=args.top,
-                   backend=args.backend, scheduler=args.scheduler, capacity=args.capacity, reserved=args.reserved,
-                   seq=args.seq, bucket=args.bucket, max_bytes=args.max_memory, device=args.device,
-                   gpus_per_node=args.gpus_per_node, efficiency=args.efficiency,
-                   device_fields=dict(args.device_field) if args.device_field else None, expert_parallel=args.ep,
-                   expert_tensor_parallel=args.etp, context_parallel=args.cp)
+    grid, device = _grid(args)
+    top = None if args.all else args.top
+    result = sweep(args.spec, grid, gpus=args.gpus, global_batch=args.global_batch, score=args.score, top=top,
+                   top_splits=args.top_splits, backend=args.backend, scheduler=args.scheduler,
+                   capacity=args.capacity, reserved=args.reserved, seq=args.seq, bucket=args.bucket,
+                   max_bytes=args.max_memory, **device)
     feasible = result.best is not None
     if args.plot:
         plot_sweep(result.rows, args.plot, f"{args.spec}: {args.gpus} GPUs, global batch {args.global_batch}",
-                   result.skipped)
+                   result.skipped, top)
     if args.json:
         payload = {"gpuknap_json": JSON_VERSION, "version": __version__, "command": "sweep", "source": args.spec,
-                   "gpus": args.gpus, "global_batch": args.global_batch, "score": args.score, "top": args.top,
-                   "grid": grid, "best": result.best, "rows": result.rows, "skipped": result.skipped}
+                   "gpus": args.gpus, "global_batch": args.global_batch, "score": args.score, "top": top,
+                   "top_splits": args.top_splits, "grid": grid, "searched": result.searched,
+                   "pruned": result.pruned, "unfit": result.unfit, "best": result.best, "rows": result.rows, "skipped": result.skipped}
         json.dump(payload, sys.stdout, indent=2, allow_nan=False)
         sys.stdout.write("\n")
     else:

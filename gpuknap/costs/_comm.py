@@ -60,6 +60,19 @@ class Training:
         if self.seq % self.context_parallel:
             raise ValueError(f"training.seq: {self.seq} is not divisible by context_parallel={self.context_parallel}")
 
+    def sequence_rule(self) -> str | None:
+        """What Megatron refuses about the sequence length for these sizes, or None: with CP > 1 it
+        cuts each sequence into 2 x CP chunks (``arguments.py``); sequence parallelism splits a
+        context-parallel rank's tokens over the TP ranks (``_split_along_first_dim``)."""
+        cp, tp = self.context_parallel, self.tensor_parallel
+        if cp > 1 and self.seq % (2 * cp):
+            return (f"the sequence length {self.seq} (--seq) is not a multiple of 2 x the context-parallel size "
+                    f"{cp} (--cp): Megatron cuts each sequence into 2 x CP chunks")
+        if self.sequence_parallel and tp > 1 and (self.seq // cp) % tp:
+            return (f"the {self.seq // cp} tokens of a context-parallel rank are not divisible by the tensor-parallel "
+                    f"size {tp} (--tp), over which sequence parallelism splits them")
+        return None
+
     @property
     def tp(self) -> int:
         return self.tensor_parallel

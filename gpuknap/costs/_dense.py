@@ -102,6 +102,9 @@ class TransformerConfig:
                              f"over {t} ranks")
         if self.seq % self.context_parallel:
             raise ValueError(f"transformer.context_parallel: {self.context_parallel} does not divide seq={self.seq}")
+        rule = self.training().sequence_rule()
+        if rule:
+            raise ValueError(f"transformer.seq: {rule}")
 
     def architecture(self) -> Architecture:
         return Architecture(layers=self.layers, hidden=self.hidden, heads=self.heads, vocab=self.vocab,

@@ -246,9 +246,9 @@ def check_parallel(arch: Architecture, tr: Training, where: str, family: str = "
         if tr.stage_ranks % (tr.ep * tr.etp):
             raise ValueError(f"{where}: expert-parallel x expert-tensor-parallel = {tr.ep * tr.etp} (--ep, --etp) must "
                              f"divide the {tr.stage_ranks} ranks of a pipeline stage (TP x CP x DP)")
-    if tr.seq % tr.cp:
-        raise ValueError(f"{where}: the sequence length {tr.seq} (--seq) is not divisible by the context-parallel "
-                         f"size {tr.cp} (--cp)")
+    rule = tr.sequence_rule()
+    if rule:
+        raise ValueError(f"{where}: {rule}")
 
 
 def model_of(data: Any, where: str, capacity: float, micro_batches: int, reserved: float = 0.0,

@@ -36,6 +36,7 @@ from ..search import (
     kind_index,
     one_body_kind,
 )
+from ._explain import headroom, idle_share, infeasible_reason
 
 #: Scores a sweep can search by (every row carries its simulated iteration time anyway).
 SCORES = ("slowest", "1f1b")
@@ -125,7 +126,13 @@ def run_configs(configs: list, builder: Callable, *, global_batch: int, score: s
         if config["interleave"] > 1 and not one_body_kind(model):
             alone.append(config)
         else:
-            jobs.append(_Job(config, model, bucket, score, top, cache))
+            try:
+                job = _Job(config, model, bucket, score, top, cache)
+                job.plan()  # size checks (an interleaved search too large to weigh) refuse here, not mid-sweep
+            except ValueError as exc:
+                skipped.append({"config": config, "reason": str(exc)})
+                continue
+            jobs.append(job)
     _joint(jobs, backend, max_bytes)
     rows = []
     planners: dict[int, Planner] = {}  # one per front table: equal stages of several configurations solved once
@@ -148,7 +155,8 @@ def _rows(config: dict, found: list, model: Any, plan: Planner, v: int, exact: b
         held = coverage(model, config["stages"], bucket) if v == 1 else None
         return [{"config": config, "rank": 1, "counts": None, "score": None, "iteration_time": None,
                  "throughput": None, "peak_memory_bytes": None, "feasible": False, "exact": exact,
-                 "coverable_layers": held, "layers": model.layers}]
+                 "coverable_layers": held, "layers": model.layers,
+                 "reason": infeasible_reason(model, config["stages"], v, held)}]
     out = []
     for i, (counts, value) in enumerate(found):
         stages = model.stages(list(counts), None, v)
@@ -157,7 +165,8 @@ def _rows(config: dict, found: list, model: Any, plan: Planner, v: int, exact: b
         peak = [model.capacity - model.reserved - st.budget + sc.memory for st, sc in zip(stages, choices)]
         names = model.option_names(counts, choice, None, v)
         out.append({"config": config, "rank": i + 1, "counts": [int(c) for c in counts], "score": float(value),
-                    "iteration_time": None, "throughput": None, "peak_memory_bytes": peak, "feasible": True,
+                    "iteration_time": None, "throughput": None, "peak_memory_bytes": peak,
+                    "headroom_bytes": headroom(model, peak), "feasible": True,
                     "exact": exact, "_times": chunk_times(model, counts, names, v), "_run": (model, names)})
     return out
 
@@ -178,6 +187,7 @@ def _simulate_rows(rows: list, global_batch: int, time_unit: float, tokens: Any)
         bwd = np.array([r["_times"].backward for r in members], dtype=np.float64)
         times = iteration_times(fwd, bwd, m, "interleaved" if v > 1 else "1f1b", send)
         for r, t in zip(members, times.tolist()):
+            r["idle_share"] = idle_share(r["_times"].forward, r["_times"].backward, m, t)
             del r["_times"]
             model, names = r.pop("_run")
             run = run_of(model, r["counts"], names, v, t) if model.costs is not None else None
@@ -191,17 +201,3 @@ def _simulate_rows(rows: list, global_batch: int, time_unit: float, tokens: Any)
             r["tflops_per_gpu"] = None if run is None else run.tflops_per_gpu
             r["breakdown"] = None if run is None else run.breakdown
             r["stage_breakdown"] = None if run is None else list(run.stages)
-
-
-def order_rows(rows: list, configs: list) -> list:
-    """Feasible rows by throughput (highest first), then the infeasible; ties by the
-    configuration's place in the grid, then the split's rank."""
-    place = {tuple(sorted(c.items())): i for i, c in enumerate(configs)}
-
-    def key(r: dict) -> tuple:
-        speed = r["throughput"]["samples_per_second"] if r["feasible"] else -math.inf
-        return (-speed, place.get(tuple(sorted(r["config"].items())), 0), r["rank"])
-
-    return sorted(rows, key=key)
-
-

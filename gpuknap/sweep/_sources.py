@@ -14,72 +14,93 @@ from typing import Any
 from ..costs import TransformerConfig, transformer_model
 from ..engine import MEGABYTE
 from ..formats import config_from, hf, load_spec, read_document
+from ..formats._fields import default_reserved, device_of
 from ..search import PipelineModel
 
 
 class TransformerBuilder:
-    """Models of a spec's ``transformer`` section, one per configuration."""
+    """Models of a spec's ``transformer`` section, one per configuration (its TP, CP, micro-batch
+    size, DP, stages and device)."""
 
-    def __init__(self, base: TransformerConfig, capacity: float, reserved: float, device: Any):
+    #: A layer's times depend only on :data:`gpuknap.sweep._prune.TIME_KEYS` of a configuration.
+    shares_layer_times = True
+
+    def __init__(self, base: TransformerConfig, capacity: float | None, reserved: float | None, device: dict):
         self.base, self.capacity, self.reserved, self.device = base, capacity, reserved, device
         self.layers = base.layers + (2 if base.vocab else 0)
 
     def __call__(self, config: dict) -> PipelineModel:
+        for key in ("expert_parallel", "expert_tensor_parallel"):
+            if config.get(key) not in (None, 1):
+                raise ValueError(f"{key}: the spec's transformer section is a dense model; expert parallelism "
+                                 "applies to MoE models (a Hugging Face config.json)")
         c = replace(self.base, tensor_parallel=config["tensor_parallel"], micro_batch=config["micro_batch_size"],
-                    data_parallel=config["data_parallel"], pipeline_parallel=config["stages"])
-        return transformer_model(c, self.capacity, config["micro_batches"], self.reserved, self.device)
+                    data_parallel=config["data_parallel"], pipeline_parallel=config["stages"],
+                    context_parallel=config.get("context_parallel") or 1)
+        dev = device_for(self.device, config)
+        capacity = dev.memory if self.capacity is None else self.capacity
+        reserved = default_reserved(capacity) if self.reserved is None else self.reserved
+        return transformer_model(c, capacity, config["micro_batches"], reserved, dev)
 
 
 class HuggingFaceBuilder:
-    """Models of a Hugging Face ``config.json``, one per configuration; ``training``: the keywords
-    every configuration shares (expert and context parallel sizes, ...)."""
+    """Models of a Hugging Face ``config.json``, one per configuration."""
 
     layers = None
+    shares_layer_times = True
 
-    def __init__(self, data: Any, path: str, capacity: float, reserved: float, seq: int, device: Any,
-                 training: dict):
+    def __init__(self, data: Any, path: str, capacity: float | None, reserved: float | None, seq: int, device: dict):
         self.data, self.path, self.capacity, self.reserved, self.seq = data, path, capacity, reserved, seq
-        self.device, self.training = device, training
+        self.device = device
 
     def __call__(self, config: dict) -> PipelineModel:
-        return hf.model_of(self.data, self.path, self.capacity, config["micro_batches"], self.reserved,
-                           device=self.device, seq=self.seq, micro_batch=config["micro_batch_size"],
+        dev = device_for(self.device, config)
+        capacity = dev.memory if self.capacity is None else self.capacity
+        reserved = default_reserved(capacity) if self.reserved is None else self.reserved
+        return hf.model_of(self.data, self.path, capacity, config["micro_batches"], reserved,
+                           device=dev, seq=self.seq, micro_batch=config["micro_batch_size"],
                            tensor_parallel=config["tensor_parallel"], data_parallel=config["data_parallel"],
-                           pipeline_parallel=config["stages"], **self.training)
+                           pipeline_parallel=config["stages"], context_parallel=config.get("context_parallel") or 1,
+                           expert_parallel=config.get("expert_parallel") or 1,
+                           expert_tensor_parallel=config.get("expert_tensor_parallel"))
 
 
-#: Keywords a sweep passes on to every configuration's model (the grid sets the others).
-SHARED = ("expert_parallel", "expert_tensor_parallel", "context_parallel")
+def device_for(keywords: dict, config: dict) -> Any:
+    """A configuration's device: its grid's preset (else the source's), with the sweep's overrides."""
+    chosen = dict(keywords)
+    if config.get("device") is not None:
+        chosen["device"] = config["device"]
+    return device_of(chosen)
 
 
-def builder_of(source: Any, capacity: Any, reserved: Any, seq: Any, bucket: Any, training: dict | None = None) -> tuple:
-    """``(builder, name, bucket, tokens per sample)`` of a spec or config path; ``training``: device
-    keywords (``device``, ``gpus_per_node``, ``efficiency``, ``device_fields``) and :data:`SHARED`."""
-    training = {k: v for k, v in (training or {}).items() if v is not None}
+def builder_of(source: Any, capacity: Any, reserved: Any, seq: Any, bucket: Any, device: dict | None = None) -> tuple:
+    """``(builder, name, bucket, tokens per sample)`` of a spec or config path; ``device``: the device
+    keywords (``device``, ``gpus_per_node``, ``efficiency``, ``device_fields``).  Capacity and reserved
+    bytes follow each configuration's device when not given."""
+    device = {k: v for k, v in (device or {}).items() if v is not None}
     if not isinstance(source, (str, os.PathLike)):
         raise ValueError(f"source must be a spec path, a config.json path or a callable, got {type(source).__name__}")
     path = os.fspath(source)
     data = read_document(path)
-    device = {k: v for k, v in training.items() if k not in SHARED}  # the rest is checked per configuration
     if hf.is_config(data):
         spec = load_spec(path, capacity=capacity, micro_batches=1, bucket=bucket, reserved=reserved, seq=seq,
                          **device)
-        shared = {k: v for k, v in training.items() if k in SHARED}
-        return (HuggingFaceBuilder(data, path, spec.model.capacity, spec.model.reserved, int(seq),
-                                   spec.model.costs.device, shared), spec.name, spec.bucket, int(seq))
+        return (HuggingFaceBuilder(data, path, None if capacity is None else spec.model.capacity,
+                                   None if reserved is None else spec.model.reserved, int(seq), device),
+                spec.name, spec.bucket, int(seq))
     if seq is not None:
         raise ValueError(f"seq (--seq): applies to Hugging Face config.json files only; {path} sets its own")
     if not isinstance(data, dict) or "transformer" not in data:
         raise ValueError(f"{path}: a sweep rebuilds the model for each tensor-parallel and micro-batch size, so it "
                          "needs a spec with a 'transformer' section or a Hugging Face config.json "
                          "(or, from Python, a callable returning a PipelineModel)")
-    for key in ("expert_parallel", "expert_tensor_parallel"):
-        if training.get(key, 1) != 1:
-            raise ValueError(f"{key}: {path}'s transformer section is a dense model; expert parallelism applies to "
-                             "MoE models (a Hugging Face config.json)")
     spec = load_spec(path, capacity=capacity, micro_batches=1, bucket=bucket, reserved=reserved, **device)
     base = config_from(data["transformer"])
-    if training.get("context_parallel"):
-        base = replace(base, context_parallel=training["context_parallel"])
-    return (TransformerBuilder(base, spec.model.capacity, spec.model.reserved, spec.model.costs.device), spec.name,
+    section = data.get("device", {}) if isinstance(data.get("device"), dict) else {}
+    own_capacity = capacity is not None or "capacity" in section
+    own_reserved = reserved is not None or "reserved" in section
+    if "preset" in section and "device" not in device:
+        device["device"] = section["preset"]
+    return (TransformerBuilder(base, spec.model.capacity if own_capacity else None,
+                               spec.model.reserved if own_reserved else None, device), spec.name,
             MEGABYTE if spec.bucket is None else spec.bucket, base.seq)

@@ -1,82 +1,129 @@
-"""``sweep``: score a whole space of parallel configurations in one batch.
+"""``sweep``: which parallel configuration?  Every configuration of a grid on a cluster, searched,
+or only the N best with certified pruning.
 
-A configuration is ``stages`` (P), ``tensor_parallel`` (TP), ``micro_batch_size``,
-``interleave`` (v), and what follows from the cluster: ``data_parallel`` =
-gpus / (P * TP) and ``micro_batches`` = global_batch / (DP * micro_batch_size)
-(:mod:`._grid`).  Every configuration's search runs in lockstep with the others
-(:mod:`._run`), in process or sharded over a Dask cluster (:mod:`._cluster`);
-models come from a spec, a Hugging Face config or a callable (:mod:`._sources`).
-The ``simulated`` score is not swept (every row carries its simulated
-iteration time anyway).
+A configuration is ``stages`` (P), ``tensor_parallel`` (TP), ``context_parallel``
+(CP), ``expert_parallel`` (EP), ``expert_tensor_parallel`` (ETP), ``micro_batch_size``,
+``interleave`` (v) and ``device``, with what follows from the cluster:
+``data_parallel`` = gpus / (P x TP x CP) and ``micro_batches`` = global_batch / (DP x
+micro_batch_size) (:mod:`._grid`).  Every configuration's search runs in lockstep
+with the others (:mod:`._run`), in process or sharded over a Dask cluster
+(:mod:`._cluster`); models come from a spec, a Hugging Face config or a callable
+(:mod:`._sources`).  With ``top`` only the best rows are wanted and most
+configurations are pruned by a lower bound before any search (:mod:`._prune`).
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any, Mapping
 
 from ..engine import MAX_TOP, MEGABYTE, check_int, check_max_bytes, get_backend
-from ._cluster import run_on_cluster
-from ._grid import Sweep, expand
-from ._run import SCORES, order_rows, run_configs
+from ._cluster import Cluster
+from ._explain import order_rows
+from ._grid import MAX_CONFIGS, MAX_CONFIGS_TOP, Sweep, expand
+from ._prune import best_rows
+from ._run import SCORES, run_configs
 from ._sources import builder_of
 
+#: Most rows ``top`` may ask for.
+MAX_TOP_ROWS = 1_000
 
-def _source(source: Any, capacity: Any, reserved: Any, seq: Any, bucket: Any, training: dict) -> tuple:
+
+def _source(source: Any, capacity: Any, reserved: Any, seq: Any, bucket: Any, device: dict) -> tuple:
     """``(builder(config) -> PipelineModel, name, bucket, tokens per sample or None)``."""
     if callable(source):
-        if any(v is not None for v in training.values()):
-            name = next(k for k, v in training.items() if v is not None)
-            raise ValueError(f"{name}: a callable source builds its models itself; give it the {name} there")
+        given = [k for k, v in device.items() if v is not None]
+        given += [k for k, v in (("capacity", capacity), ("reserved", reserved)) if v is not None]
+        if given:
+            raise ValueError(f"{given[0]}: a callable source builds its models itself; give it the {given[0]} "
+                             "there")
         return source, getattr(source, "__name__", "model"), MEGABYTE if bucket is None else bucket, seq
-    return builder_of(source, capacity, reserved, seq, bucket, training)
+    return builder_of(source, capacity, reserved, seq, bucket, device)
 
 
-def sweep(source: Any, grid: Mapping, *, gpus: int, global_batch: int, score: str = "1f1b", top: int = 1,
-          backend: Any = "auto", scheduler: Any = None, capacity: Any = None, reserved: Any = None,
-          seq: Any = None, bucket: Any = None, max_bytes: int | None = None, time_unit: float = 1e-3,
-          shards: int | None = None, device: Any = None, gpus_per_node: int | None = None,
-          efficiency: float | None = None, device_fields: Mapping | None = None, expert_parallel: int | None = None,
-          expert_tensor_parallel: int | None = None, context_parallel: int | None = None) -> Sweep:
-    """Score every configuration of ``grid`` on ``gpus`` GPUs at ``global_batch`` samples a step.
+def _grid_with(grid: Any, scalars: dict) -> Any:
+    """The grid with the scalar sizes (``expert_parallel=`` ...) as one-value lists."""
+    if not isinstance(grid, Mapping):
+        return grid  # expand() says what is wrong
+    out = dict(grid)
+    for key, value in scalars.items():
+        if value is None:
+            continue
+        if key in out:
+            raise ValueError(f"{key} is given both as an argument and as a grid key; give it once")
+        out[key] = [value]
+    return out
+
+
+def sweep(source: Any, grid: Mapping, *, gpus: int, global_batch: int, score: str = "1f1b",
+          top: int | None = None, top_splits: int = 1, backend: Any = "auto", scheduler: Any = None,
+          capacity: Any = None, reserved: Any = None, seq: Any = None, bucket: Any = None,
+          max_bytes: int | None = None, time_unit: float = 1e-3, shards: int | None = None, device: Any = None,
+          gpus_per_node: int | None = None, efficiency: float | None = None, device_fields: Mapping | None = None,
+          expert_parallel: int | None = None, expert_tensor_parallel: int | None = None,
+          context_parallel: int | None = None) -> Sweep:
+    """Score the configurations of ``grid`` on ``gpus`` GPUs at ``global_batch`` samples a step.
 
     ``source``: a spec with a ``transformer`` section, a Hugging Face ``config.json``
-    (then ``capacity`` and ``seq`` are needed), or a callable ``(config) ->
-    PipelineModel``.  ``grid`` maps ``stages``, ``tensor_parallel``,
-    ``micro_batch_size`` and ``interleave`` to lists (missing: ``[1]``).  ``score``:
-    ``slowest`` or ``1f1b`` (the split search); ``top`` splits per configuration.
-    ``time_unit``: seconds per profile time unit (analytic and Hugging Face models
-    are in ms).  ``scheduler``: a Dask scheduler address or ``distributed.Client``
-    to shard the configurations over (``shards`` of them, default two per worker);
-    None runs in process without Dask.  Rows are identical either way.  ``device`` (a preset
-    name; ``gpus_per_node``, ``efficiency``, ``device_fields`` override it) and the expert and
-    context parallel sizes apply to every configuration of a spec or config source.
+    (then ``seq`` is needed) or a callable ``(config) -> PipelineModel``.  ``grid`` maps
+    any of :data:`GRID_KEYS` to a list of values (a missing key keeps its default: sizes 1,
+    ``expert_tensor_parallel`` the TP size, ``device`` the source's).  ``score``: ``slowest``
+    or ``1f1b`` (how a configuration's split is chosen); ``top_splits`` splits per
+    configuration.  ``top``: only the first ``top`` rows of the full sweep, exactly, found
+    with certified pruning (most configurations are never searched; ``Sweep.pruned`` says how
+    many); None: every row.  ``time_unit``: seconds per profile time unit (analytic and
+    Hugging Face models are in ms).  ``scheduler``: a Dask scheduler address or
+    ``distributed.Client`` to shard the searches over (``shards`` of them, default two per
+    worker); None runs in process.  Rows are identical either way.  ``device`` (a preset
+    name; ``gpus_per_node``, ``efficiency``, ``device_fields`` override it) is the source's
+    device where the grid has no ``device`` list; ``expert_parallel``, ``expert_tensor_parallel``
+    and ``context_parallel`` are one-value grid lists.
     """
     if score not in SCORES:
         raise ValueError(f"score must be one of {SCORES} for a sweep (every row carries its simulated time), "
                          f"got {score!r}")
-    top = check_int(top, "top", 1)
-    if top > MAX_TOP:
-        raise ValueError(f"top={top} is over the limit of {MAX_TOP} splits per configuration")
+    top_splits = check_int(top_splits, "top_splits", 1)
+    if top_splits > MAX_TOP:
+        raise ValueError(f"top_splits={top_splits} is over the limit of {MAX_TOP} splits per configuration")
+    if top is not None:
+        top = check_int(top, "top", 1)
+        if top > MAX_TOP_ROWS:
+            raise ValueError(f"top={top} is over the limit of {MAX_TOP_ROWS:,} rows; give top=None (--all) for "
+                             "every row of a smaller grid")
     get_backend(backend)
     if max_bytes is not None:
         check_max_bytes(max_bytes)
-    if not (isinstance(time_unit, (int, float)) and 0 < time_unit < math.inf):
+    if not (isinstance(time_unit, (int, float)) and not isinstance(time_unit, bool) and 0 < time_unit < math.inf):
         raise ValueError(f"time_unit must be a positive number of seconds, got {time_unit!r}")
-    training = {"device": device, "gpus_per_node": gpus_per_node, "efficiency": efficiency,
-                "device_fields": device_fields, "expert_parallel": expert_parallel,
-                "expert_tensor_parallel": expert_tensor_parallel, "context_parallel": context_parallel}
-    builder, _, bucket, tokens = _source(source, capacity, reserved, seq, bucket, training)
-    layers = getattr(builder, "layers", None)
-    configs, skipped = expand(grid, gpus, global_batch, layers)
+    grid = _grid_with(grid, {"expert_parallel": expert_parallel, "expert_tensor_parallel": expert_tensor_parallel,
+                             "context_parallel": context_parallel})
+    keywords = {"device": device, "gpus_per_node": gpus_per_node, "efficiency": efficiency,
+                "device_fields": device_fields}
+    builder, _, bucket, tokens = _source(source, capacity, reserved, seq, bucket, keywords)
+    configs, skipped = expand(grid, gpus, global_batch, getattr(builder, "layers", None),
+                              MAX_CONFIGS if top is None else MAX_CONFIGS_TOP)
     if not configs:
         raise ValueError("no valid configuration in the grid: "
                          + "; ".join(sorted({s["reason"] for s in skipped}))[:400])
-    kwargs = dict(global_batch=int(global_batch), score=score, top=top, bucket=bucket, backend=backend,
+    kwargs = dict(global_batch=int(global_batch), score=score, top=top_splits, bucket=bucket, backend=backend,
                   max_bytes=max_bytes, time_unit=float(time_unit), tokens=tokens)
-    if scheduler is None:
-        rows, bad = run_configs(configs, builder, **kwargs)
-    else:
-        rows, bad = run_on_cluster(scheduler, run_configs, configs, builder, kwargs, shards)
+    with (Cluster(scheduler) if scheduler is not None else contextlib.nullcontext()) as cluster:
+
+        def run(chunk: list) -> tuple[list, list]:
+            if cluster is None:
+                return run_configs(chunk, builder, **kwargs)
+            return cluster(run_configs, chunk, builder, kwargs, shards)
+
+        if top is None:
+            rows, bad = run(configs)
+            counts = {"searched": len(configs), "pruned": 0, "invalid": 0, "infeasible": 0}
+        else:
+            rows, bad, counts = best_rows(configs, builder, top, run, lambda rs: order_rows(rs, configs),
+                                          float(time_unit), MAX_CONFIGS, bucket)
+    if not rows:  # every configuration failed to build: the input is wrong, not the memory too small
+        raise ValueError("no configuration of the grid can be built: "
+                         + "; ".join(sorted({s["reason"] for s in bad}))[:600])
     place = {tuple(sorted(c.items())): i for i, c in enumerate(configs)}
     bad.sort(key=lambda s: place.get(tuple(sorted(s["config"].items())), 0))  # shards finish in any order
-    return Sweep(order_rows(rows, configs), skipped + bad)
+    return Sweep(order_rows(rows, configs), skipped + bad, top=top, searched=counts["searched"],
+                 pruned=counts["pruned"], unfit=counts["infeasible"])

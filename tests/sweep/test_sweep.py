@@ -52,7 +52,7 @@ def check_rows(result, want):
 @pytest.mark.parametrize("score, top", [("1f1b", 1), ("slowest", 2)])
 def test_every_row_equals_best_splits_alone_dense(score, top):
     grid = {"stages": [1, 2, 4, 8], "tensor_parallel": [2, 4, 8], "micro_batch_size": [1, 2], "interleave": [1, 2]}
-    result = sweep(LLAMA, grid, gpus=64, global_batch=128, score=score, top=top, backend="numpy", bucket=16 * MIB)
+    result = sweep(LLAMA, grid, gpus=64, global_batch=128, score=score, top_splits=top, backend="numpy", bucket=16 * MIB)
     assert len({tuple(sorted(r["config"].items())) for r in result.rows}) >= 20
     check_rows(result, reference(LLAMA, grid, 64, 128, score, top, bucket=16 * MIB))
     speeds = [r["throughput"]["samples_per_second"] for r in result.rows if r["feasible"]]
@@ -144,7 +144,7 @@ def test_cli_json_plot_and_table(tmp_path):
     assert out["rows"] == json.loads(json.dumps(api.rows)) and out["best"] == out["rows"][0]
     assert png.stat().st_size > 10_000
     run = cli(*args)
-    assert "samples/s" in run.stdout and "P=" in run.stdout and "MFU" in run.stdout
+    assert "tokens/s" in run.stdout and "P=" in run.stdout and "MFU" in run.stdout and "pruned by bound" in run.stdout
     assert run.stderr == ""  # communication is modelled now: no note that it is not
 
 

@@ -1,0 +1,206 @@
+"""Certified pruning across configurations: the N best rows of a sweep without searching the rest.
+
+Every configuration gets a lower bound on its iteration time from its fastest
+options alone (memory ignored):
+
+- ``F``, the sum over the model's layers of the fastest option's forward plus
+  backward time for one micro-batch.  Every split's stages together do at
+  least ``F`` per micro-batch, whatever options memory forces.
+- One-chunk 1F1B with ``P`` stages and ``M`` micro-batches: stage ``s`` cannot
+  start before micro-batch 0 has passed stages ``0..s-1`` forward, does its
+  own ``M`` forwards and backwards, and its last backward must still pass
+  stages ``s-1..0``; so the iteration takes at least ``S_s + M c_s`` for every
+  ``s`` (``c_s`` a stage's time per micro-batch, ``S_s`` the stages' before
+  it).  The least possible maximum over ``s`` with ``sum c_s = F`` has every
+  term equal, which gives ``F / (1 - (1 - 1/M)^P)`` (``F`` when ``M = 1``,
+  tending to ``M F / P`` for large ``M``).
+- Interleaved (``v`` chunks): the busiest device does at least ``M F / P``, and
+  one micro-batch's forward and backward through every chunk take ``F``.
+
+Sends between stages and each stage's tail (data-parallel communication, the
+optimizer) only add time, so they are left out.  Configurations are searched
+best bound first, in rounds; a round's rows give the N-th best iteration time
+so far, and every configuration whose bound is above it (beyond a rounding
+margin) is pruned unbuilt.  The result equals the first N rows of the full
+sweep: a pruned configuration's every row is slower than N rows already found.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import numpy as np
+
+from ..search import coverage
+
+#: Relative margin between a bound and a time before the bound prunes (the bound's sums and the
+#: simulation's add the same numbers in different orders).
+MARGIN = 1e-9
+#: Configurations searched in the first round (at least; then as many again as already searched).
+FIRST_ROUND = 32
+#: Configuration keys a spec or config.json source's layer times depend on (the data-parallel size,
+#: the stages and the micro-batches change memory, sends and tails, not a layer's time).
+TIME_KEYS = ("tensor_parallel", "context_parallel", "expert_parallel", "expert_tensor_parallel",
+             "micro_batch_size", "device")
+
+
+def fastest_seconds(model: Any, time_unit: float) -> float:
+    """``F`` in seconds: the fastest option of every layer, forward plus backward, one micro-batch."""
+    best = {kind: min(o.forward_time + o.backward_time for o in options) for kind, options in model.fronts.items()}
+    unit = model.costs.time_unit if getattr(model, "costs", None) is not None else time_unit
+    return math.fsum(best[k] for k in model.kinds) * unit
+
+
+def span_bound(fastest: float, stages: int, chunks: int, micro_batches: int) -> float:
+    """A lower bound on the iteration time of any split (see the module docstring)."""
+    if chunks == 1:
+        share = 1.0 - (1.0 - 1.0 / micro_batches) ** stages
+        return fastest / share if share > 0 else micro_batches * fastest / stages
+    return max(micro_batches * fastest / stages, fastest)
+
+
+def _key(config: dict, shared: bool) -> tuple:
+    if shared:
+        return tuple(config.get(k) for k in TIME_KEYS)
+    return tuple(sorted(config.items(), key=lambda e: e[0]))
+
+
+def lower_bounds(configs: list, builder: Callable, time_unit: float) -> tuple[np.ndarray, dict]:
+    """``(bounds in seconds, {index: reason})`` for every configuration; a configuration whose model
+    cannot be built gets the reason instead of a bound (``inf``).  Builders of specs and config.json
+    files (``builder.shares_layer_times``) build one model per :data:`TIME_KEYS` group; others one
+    per configuration."""
+    shared = bool(getattr(builder, "shares_layer_times", False))
+    fastest: dict[tuple, Any] = {}
+    bounds = np.full(len(configs), math.inf)
+    errors: dict[int, str] = {}
+    for i, config in enumerate(configs):
+        key = _key(config, shared)
+        f = fastest.get(key)
+        if f is None:
+            try:
+                model = builder(dict(config))
+                f = (fastest_seconds(model, time_unit), model.layers)
+            except ValueError as exc:
+                f = str(exc)
+            if shared and isinstance(f, str):  # the group's first configuration failed: try each on its own
+                shared_failure = f
+                f = None
+                try:
+                    model = builder(dict(config))
+                    f = (fastest_seconds(model, time_unit), model.layers)
+                except ValueError:
+                    errors[i] = shared_failure
+                    continue
+                key = _key(config, False)
+            fastest[key] = f
+        if isinstance(f, str):
+            errors[i] = f
+            continue
+        seconds, layers = f
+        p, v = config["stages"], config["interleave"]
+        if p * v > layers:
+            errors[i] = f"{p} stages x {v} chunks is more than the model's {layers} layers"
+            continue
+        bounds[i] = span_bound(seconds, p, v, config["micro_batches"]) * (1.0 - MARGIN)
+    return bounds, errors
+
+
+def layers_held(model: Any, stages: int, chunks: int, bucket: float) -> int:
+    """An upper bound on how many layers the ``stages`` devices hold, each with the lightest option
+    everywhere: fewer than ``model.layers`` proves that no split fits, so the search would only say
+    so.  One chunk: :func:`gpuknap.search.coverage` (the search's own bound).  Interleaved: a device
+    holds at most as many layers as the lightest layers of the model fit its memory, each layer at
+    the fewest micro-batches any of the device's chunks keeps (exact bytes; the search rounds memory
+    up to buckets, so it can only fit less)."""
+    if chunks == 1:
+        return coverage(model, stages, bucket)
+    table = model.in_flight_table(stages, chunks)
+    room = model.capacity - model.reserved
+    counts: dict = {}
+    for kind in model.kinds:
+        counts[kind] = counts.get(kind, 0) + 1
+    held = 0
+    for row in table:
+        flights = set(row)
+        weights = sorted((float(model.static[k]) + min(o.memory(f) for o in model.fronts[k] for f in flights), k)
+                         for k in counts)
+        left = room * (1 + MARGIN)
+        for weight, kind in weights:
+            take = counts[kind] if weight <= 0 else min(counts[kind], int(max(left, 0.0) // weight))
+            held += take
+            left -= take * weight
+            if take < counts[kind]:
+                break
+    return held
+
+
+def best_rows(configs: list, builder: Callable, top: int, run: Callable, order: Callable,
+              time_unit: float, limit: int, bucket: float) -> tuple[list, list, dict]:
+    """The ``top`` best rows of ``configs``: ``(rows, skipped, counts)``; ``run(configs) -> (rows,
+    skipped)`` searches configurations, ``order(rows)`` sorts rows as the full sweep does.
+    ``counts``: configurations ``searched``, ``pruned`` (by bound, never built) and ``invalid``.
+    More than ``limit`` searches (bounds too weak for this grid) is refused with a ValueError.
+    A configuration that :func:`layers_held` proves infeasible is not searched unless fewer than
+    ``top`` rows are feasible (then its infeasible row is among the first ``top``)."""
+
+    def proven_infeasible(config: dict) -> bool:
+        try:
+            model = builder(dict(config))
+            return layers_held(model, config["stages"], config["interleave"], bucket) < model.layers
+        except ValueError:
+            return False  # the search reports why it cannot be built
+
+    bounds, errors = lower_bounds(configs, builder, time_unit)
+    skipped = [{"config": configs[i], "reason": why} for i, why in sorted(errors.items())]
+    todo = [i for i in np.argsort(bounds, kind="stable").tolist() if i not in errors]
+    rows: list = []
+    deferred: list = []  # configurations no split of which fits (proved without a search)
+    searched, at, size = 0, 0, FIRST_ROUND
+    while at < len(todo):
+        cutoff = _nth_time(rows, top)
+        if bounds[todo[at]] > cutoff:
+            break
+        if searched >= limit:
+            raise ValueError(f"top={top}: {searched:,} configurations searched and {len(todo) - at:,} more are "
+                             f"within reach of the {top}-th best row; a sweep searches at most {limit:,} "
+                             "(narrow the grid or ask for fewer rows)")
+        chunk = []
+        while at < len(todo) and len(chunk) < min(size, limit - searched) and bounds[todo[at]] <= cutoff:
+            config = configs[todo[at]]
+            at += 1
+            if proven_infeasible(config):
+                deferred.append(config)
+            else:
+                chunk.append(config)
+        if not chunk:
+            continue
+        new_rows, bad = run(chunk)
+        skipped += bad
+        searched += len(chunk)
+        rows = order(rows + new_rows)
+        rows = _keep(rows, top)
+        size = max(size, searched)
+    if deferred and sum(r["feasible"] for r in rows) < top:  # their infeasible rows are among the first
+        new_rows, bad = run(deferred)
+        skipped += bad
+        searched += len(deferred)
+        rows = _keep(order(rows + new_rows), top)
+        deferred = []
+    counts = {"searched": searched, "pruned": len(todo) - at, "invalid": len(errors), "infeasible": len(deferred)}
+    return rows[:top], skipped, counts
+
+
+def _nth_time(rows: list, top: int) -> float:
+    """The N-th best feasible row's iteration time in seconds (inf while fewer are known)."""
+    times = [r["iteration_time_s"] for r in rows if r["feasible"]]
+    return times[top - 1] if len(times) >= top else math.inf
+
+
+def _keep(rows: list, top: int) -> list:
+    """The rows that can still be among the first ``top``: the first ``top`` feasible ones and,
+    while fewer are feasible, the infeasible ones behind them (a full sweep lists those last)."""
+    feasible = [r for r in rows if r["feasible"]]
+    if len(feasible) >= top:
+        return feasible[:top]
+    return rows[:top]

@@ -1,0 +1,231 @@
+"""Certified pruning across configurations: ``sweep(top=N)`` against the first N rows of the full
+sweep (dense, MoE, callables with exact ties), the bound against every searched row, the tie rule,
+and the grid's new keys (CP, EP, ETP, devices)."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from paths import EXAMPLES
+
+from gpuknap import LayerOption, PipelineModel, sweep
+from gpuknap.sweep import GRID_KEYS, MAX_CONFIGS_TOP, builder_of, expand, lower_bounds, order_rows
+from gpuknap.sweep._prune import TIME_KEYS, fastest_seconds
+
+LLAMA = os.path.join(EXAMPLES, "llama2_70b.json")
+MIXTRAL = os.path.join(EXAMPLES, "mixtral_8x7b_config.json")
+MIB, GIB = 2**20, 2**30
+
+
+def same_rows(got, want):
+    """Rows equal, floats to the bit (the pruned sweep searches the same configurations alone)."""
+    assert json.dumps(got, sort_keys=True) == json.dumps(want, sort_keys=True)
+
+
+def check_top(source, grid, tops, **kw):
+    full = sweep(source, grid, backend="numpy", **kw)
+    assert full.top is None and full.pruned == 0
+    for n in tops:
+        got = sweep(source, grid, backend="numpy", top=n, **kw)
+        same_rows(got.rows, full.rows[:n])
+        assert got.searched + got.pruned <= full.searched and got.top == n
+    return full
+
+
+def test_top_equals_the_first_rows_of_the_full_sweep_dense():
+    grid = {"stages": [1, 2, 4, 8], "tensor_parallel": [2, 4, 8], "micro_batch_size": [1, 2], "interleave": [1, 2]}
+    full = check_top(LLAMA, grid, [1, 3, 10], gpus=64, global_batch=128, bucket=16 * MIB, device="h100")
+    pruned = sweep(LLAMA, grid, backend="numpy", top=1, gpus=64, global_batch=128, bucket=16 * MIB, device="h100")
+    assert pruned.pruned > 0 and pruned.searched < full.searched
+
+
+def test_top_equals_the_first_rows_of_the_full_sweep_moe():
+    grid = {"stages": [1, 2, 4], "tensor_parallel": [1, 2], "expert_parallel": [1, 2, 4, 8],
+            "expert_tensor_parallel": [1, None], "micro_batch_size": [1, 2]}
+    check_top(MIXTRAL, grid, [1, 5, 12], gpus=32, global_batch=128, seq=4096, device="h100", bucket=16 * MIB)
+
+
+def test_top_with_splits_per_configuration_and_context_parallel():
+    grid = {"stages": [2, 4], "tensor_parallel": [4, 8], "context_parallel": [1, 2], "interleave": [1, 2]}
+    check_top(LLAMA, grid, [2, 7], gpus=64, global_batch=64, bucket=16 * MIB, top_splits=2, device="h200")
+
+
+def _tied(config):
+    """A callable source with exact ties: a micro-batch takes 1/M (powers of two: exact sums), so
+    one stage's iteration time is the same for every TP and micro-batch size; memory differs."""
+    t = 1.0 / config["micro_batches"]
+    keep = LayerOption("keep", 3e9 * config["micro_batch_size"] / config["tensor_parallel"], t, 2 * t)
+    full = LayerOption("full", 1e9, t, 3 * t)
+    return PipelineModel(["x"] * 16, {"x": [keep, full]}, {"x": 2e9 / config["tensor_parallel"]}, 40e9,
+                         config["micro_batches"])
+
+
+def test_top_with_exact_ties_follows_the_tie_rule():
+    grid = {"stages": [1, 2, 4], "tensor_parallel": [1, 2, 4], "micro_batch_size": [1, 2]}
+    full = check_top(_tied, grid, [1, 2, 4, 9], gpus=16, global_batch=64)
+    feasible = [r for r in full.rows if r["feasible"]]
+    ties = 0
+    for a, b in zip(feasible, feasible[1:]):
+        sa, sb = a["throughput"]["samples_per_second"], b["throughput"]["samples_per_second"]
+        assert sa >= sb
+        if sa == sb:
+            ties += 1
+            key = lambda r: (r["idle_share"], max(r["peak_memory_bytes"]), r["config"]["tensor_parallel"])  # noqa: E731
+            assert key(a) <= key(b)
+    assert ties >= 2
+
+
+def test_order_rows_tie_rule_on_hand_made_rows():
+    def row(tp, idle, peak, speed=10.0):
+        c = {"stages": 2, "tensor_parallel": tp}
+        return {"config": c, "rank": 1, "feasible": True, "throughput": {"samples_per_second": speed},
+                "idle_share": idle, "peak_memory_bytes": [peak, peak / 2]}
+
+    rows = [row(4, 0.1, 5), row(2, 0.1, 5), row(1, 0.1, 6), row(8, 0.05, 9), row(1, 0.0, 1, speed=9.0)]
+    configs = [r["config"] for r in rows]
+    got = [(r["config"]["tensor_parallel"], r["idle_share"]) for r in order_rows(rows, configs)]
+    assert got == [(8, 0.05), (2, 0.1), (4, 0.1), (1, 0.1), (1, 0.0)]
+
+
+def _random_model(seed):
+    import random
+    rng = random.Random(seed)
+    kinds = [rng.choice("ab") for _ in range(rng.randint(4, 14))]
+    fronts = {}
+    for k in "ab":
+        opts = []
+        for i in range(rng.randint(1, 3)):
+            f = rng.uniform(0.5, 3.0)
+            opts.append(LayerOption(f"o{i}", rng.uniform(0.2, 3.0) * 1e9, f, f * rng.uniform(1.5, 3.0)))
+        fronts[k] = opts
+    static = {k: rng.uniform(0.1, 2.0) * 1e9 for k in "ab"}
+    return kinds, fronts, static, rng.uniform(12, 40) * 1e9
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 10**6))
+def test_the_bound_is_below_every_searched_row(seed):
+    kinds, fronts, static, capacity = _random_model(seed)
+
+    def build(config):
+        scale = 1.0 / config["tensor_parallel"]
+        f = {k: [LayerOption(o.name, o.per_micro_batch * config["micro_batch_size"], o.forward_time * scale,
+                             o.backward_time * scale * config["micro_batch_size"]) for o in v]
+             for k, v in fronts.items()}
+        return PipelineModel(kinds, f, static, capacity, config["micro_batches"])
+
+    grid = {"stages": [1, 2, 3, 4], "tensor_parallel": [1, 2], "micro_batch_size": [1, 2], "interleave": [1, 2]}
+    configs, _ = expand(grid, 24, 48)
+    bounds, errors = lower_bounds(configs, build, 1e-3)
+    result = sweep(build, grid, gpus=24, global_batch=48, backend="numpy")
+    where = {json.dumps(c, sort_keys=True): i for i, c in enumerate(configs)}
+    for r in result.rows:
+        if r["feasible"]:
+            i = where[json.dumps(r["config"], sort_keys=True)]
+            assert bounds[i] <= r["iteration_time_s"], (r["config"], bounds[i], r["iteration_time_s"])
+    for n in (1, 3):
+        same_rows(sweep(build, grid, gpus=24, global_batch=48, backend="numpy", top=n).rows, result.rows[:n])
+
+
+def test_one_model_per_group_gives_every_configuration_its_own_fastest_time():
+    """The bound builds one model per TIME_KEYS group: a layer's times must not depend on P, DP or M."""
+    builder, _, _, _ = builder_of(MIXTRAL, None, None, 4096, 16 * MIB, {"device": "h100"})
+    grid = {"stages": [1, 2, 4, 8], "tensor_parallel": [1, 2, 4], "expert_parallel": [1, 8],
+            "expert_tensor_parallel": [1, None], "micro_batch_size": [1, 2]}
+    configs, _ = expand(grid, 128, 512)
+    groups = {}
+    checked = 0
+    for c in configs:
+        try:
+            own = fastest_seconds(builder(dict(c)), 1e-3)
+        except ValueError:
+            continue
+        key = tuple(c[k] for k in TIME_KEYS)
+        assert groups.setdefault(key, own) == own
+        checked += 1
+    assert checked > 40 and len(groups) < checked
+
+
+def test_mixtral_on_64_h100s_ep_8_inside_a_node_wins_and_why():
+    grid = {"stages": [1, 2, 4], "tensor_parallel": [1, 2], "expert_parallel": [1, 2, 4, 8],
+            "expert_tensor_parallel": [1, 2], "micro_batch_size": [1]}
+    result = sweep(MIXTRAL, grid, gpus=64, global_batch=256, seq=4096, device="h100", backend="numpy", top=40)
+    best = result.best["config"]
+    assert best["expert_parallel"] == 8 and best["expert_tensor_parallel"] * 8 <= 8  # one node of 8 GPUs
+    rows = {(r["config"]["stages"], r["config"]["tensor_parallel"], r["config"]["expert_parallel"],
+             r["config"]["expert_tensor_parallel"]): r for r in result.rows if r["feasible"]}
+    win = result.best
+    # why: fewer experts per GPU than EP 4 (less compute and memory per device) ...
+    smaller = [r for k, r in rows.items() if k[2] == 4 and k[:2] == (best["stages"], best["tensor_parallel"])]
+    assert smaller and all(win["iteration_time_s"] < r["iteration_time_s"] for r in smaller)
+    # ... and the all-to-all of an EP group inside a node costs less than one spanning two nodes
+    across = [r for k, r in rows.items() if k[2] * k[3] > 8]
+    assert across and all(r["breakdown"]["ep"] > win["breakdown"]["ep"] for r in across)
+    assert win["breakdown"]["ep"] > 0 and win["mfu"] < 0.73
+
+
+def test_infeasible_rows_say_which_stage_and_how_much_over():
+    grid = {"stages": [1, 2], "tensor_parallel": [1, 2]}
+    result = sweep(LLAMA, grid, gpus=8, global_batch=64, capacity="8GiB", backend="numpy", top=4)
+    assert result.best is None and result.rows
+    for r in result.rows:
+        assert "GiB over the 8.0 GiB device" in r["reason"] and r["reason"].startswith("stage ")
+
+
+def test_grid_keys_devices_and_megatron_rules():
+    grid = {"stages": [2], "tensor_parallel": [2, 4], "context_parallel": [1, 2], "expert_parallel": [1, 16],
+            "expert_tensor_parallel": [1], "device": ["h100", "a100-80gb"]}
+    valid, skipped = expand(grid, 16, 64)
+    assert {c["device"] for c in valid} == {"h100", "a100-80gb"}
+    assert all(set(c) >= set(GRID_KEYS) for c in valid)
+    assert any("does not divide the 8 ranks" in s["reason"] for s in skipped)  # EP 16 over P 2 x 8 ranks
+    for bad, words in (({"device": ["h900"]}, "h900"), ({"context_parallel": {"a": 1}}, "list"),
+                       ({"expert_paralel": [2]}, "did you mean"), ({"stages": [1]}, None)):
+        if words is None:
+            continue
+        with pytest.raises(ValueError, match=words):
+            expand(bad, 8, 8)
+    with pytest.raises(ValueError, match="both"):
+        sweep(MIXTRAL, {"expert_parallel": [2]}, gpus=8, global_batch=8, seq=4096, expert_parallel=2)
+    with pytest.raises(ValueError, match="2 x CP|2 x the context-parallel"):
+        sweep(MIXTRAL, {"context_parallel": [3]}, gpus=3, global_batch=3, seq=4095, top=1)
+
+
+def test_a_grid_of_over_100000_configurations_is_taken_with_top():
+    grid = {"stages": list(range(1, 49)), "tensor_parallel": [1, 2, 4, 8], "context_parallel": [1, 2, 4],
+            "micro_batch_size": [1, 2, 4, 8], "interleave": [1, 2, 3, 4, 5], "expert_parallel": [1, 2, 4, 8, 16],
+            "expert_tensor_parallel": [1, 2]}
+    total = math.prod(len(v) for v in grid.values())
+    assert 100_000 <= total <= MAX_CONFIGS_TOP
+    valid, skipped = expand(grid, 1920, 3840, limit=MAX_CONFIGS_TOP)
+    assert len(valid) + len(skipped) == total
+    with pytest.raises(ValueError, match="give top="):
+        expand(grid, 1920, 3840)
+
+
+def cli(*args):
+    env = {**os.environ, "GPUKNAP_BACKEND": "numpy"}
+    return subprocess.run([sys.executable, "-m", "gpuknap", "sweep", *args], capture_output=True, text=True, env=env)
+
+
+def test_cli_top_all_lists_and_pruned_count(tmp_path):
+    args = [MIXTRAL, "--gpus", "32", "--global-batch", "128", "--seq", "4096", "--device", "h100,h200",
+            "--stages", "1,2", "--tp", "1,2", "--ep", "4,8", "--etp", "1", "--bucket", "16MiB", "--quiet"]
+    top = cli(*args, "--top", "3", "--json", "--plot", str(tmp_path / "top.png"))
+    assert top.returncode == 0, top.stderr
+    out = json.loads(top.stdout)
+    assert len(out["rows"]) == 3 and out["top"] == 3 and out["searched"] + out["pruned"] >= 8
+    every = cli(*args, "--all", "--json", "--plot", str(tmp_path / "all.png"))
+    assert every.returncode == 0, every.stderr
+    full = json.loads(every.stdout)
+    assert out["rows"] == full["rows"][:3] and full["pruned"] == 0 and full["top"] is None
+    assert {r["config"]["device"] for r in full["rows"]} == {"h100", "h200"}
+    text = cli(*args, "--top", "2")
+    assert "pruned by bound" in text.stdout and "EP=" in text.stdout and "h200" in text.stdout + "h100"
+    assert (tmp_path / "top.png").stat().st_size > 10_000 and (tmp_path / "all.png").stat().st_size > 10_000
