@@ -10,7 +10,7 @@ progress hook every long call goes through.  It imports nothing else of
 gpuknap: everything above (search, schedule, costs, formats, sweep, cli)
 builds on it.
 """
-from ._backend import BACKENDS, Backend, BackendUnavailable, cupy_available, get_backend
+from ._backend import BACKENDS, Backend, BackendUnavailable, cupy_available, get_backend, numba_available
 from ._options import (
                        MAX_BYTES,
                        MAX_TIME,
@@ -51,7 +51,7 @@ from ._work import (
 )
 
 __all__ = [
-    "BACKENDS", "Backend", "BackendUnavailable", "cupy_available", "get_backend",
+    "BACKENDS", "Backend", "BackendUnavailable", "cupy_available", "get_backend", "numba_available",
     "MAX_BYTES", "MAX_TIME", "MEGABYTE", "Front", "FrontTable", "LayerOption", "Layers", "buckets_down",
     "buckets_up", "check_bucket", "check_int", "check_number",
     "FASTEST", "INFEASIBLE", "KNAPSACK", "StageProblem", "Verdict", "canonical", "verdict",

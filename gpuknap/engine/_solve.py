@@ -48,9 +48,14 @@ def _upload(backend: Backend, chunk: Chunk) -> list[tuple]:
     return out
 
 
-def run_chunk(backend: Backend, chunk: Chunk, on_level: Callable[[int], None] | None = None) -> np.ndarray:
+def run_chunk(backend: Backend, chunk: Chunk, on_level: Callable[[int], None] | None = None,
+              fused: Any = None, workspace: Any = None) -> np.ndarray:
     """All readouts of a chunk, in the order of its levels' ``read_ids``;
-    ``on_level(cells)`` is called after each level."""
+    ``on_level(cells)`` is called after each level (each group of levels when fused).
+    ``fused``: the compiled CPU pass's module (:meth:`Backend.fused`), which then runs
+    the whole chunk, reusing the buffers of ``workspace``."""
+    if fused is not None:
+        return fused.run_chunk(chunk, on_level, workspace)
     xp = backend.xp
     prev = xp.zeros((1, chunk.root_width), dtype=xp.float64)
     values = []
@@ -88,9 +93,11 @@ def solve_knapsacks(problems: Sequence[Knapsack], table: FrontTable, backend: Ba
         done += cells
         report("DP passes", done, total)
 
+    fused = backend.fused(total)
+    workspace = fused.Workspace() if fused is not None else None
     for chunk in chunks:
         ids = np.concatenate([lv.read_ids for lv in chunk.levels])
-        values[ids] = run_chunk(backend, chunk, tick)
+        values[ids] = run_chunk(backend, chunk, tick, fused, workspace)
     return values
 
 
