@@ -35,6 +35,9 @@ import numpy as np
 TILE = 2048
 #: Least work (cells x options) of a level that runs on several threads.
 PARALLEL_WORK = 1 << 19
+#: Jobs (row, tile) a thread takes at a time in a parallel level: small, so that a thread
+#: the operating system holds up (a busy machine) leaves its share to the others.
+CHUNK_JOBS = 4
 #: Work (cells x options) after which a group of levels ends (and progress is reported).
 GROUP_WORK = 1 << 27
 
@@ -178,7 +181,11 @@ def run_chunk(chunk: Any, on_level: Callable[[int], None] | None = None,
             done += levels[last].rows * levels[last].width
             last += 1
         with _LOCK:
-            _levels(buffers, first, last, *packed, values, TILE, PARALLEL_WORK)
+            chunksize = numba.set_parallel_chunksize(CHUNK_JOBS)
+            try:
+                _levels(buffers, first, last, *packed, values, TILE, PARALLEL_WORK)
+            finally:
+                numba.set_parallel_chunksize(chunksize)
         if on_level is not None:
             on_level(done)
         first = last
@@ -194,7 +201,11 @@ def pass_level(prev: np.ndarray, parent: Any, level: Any) -> np.ndarray:
     buffers = np.empty((2, max(prev.size, rows * level.width, 1)))
     buffers[1, :prev.size] = prev.ravel()
     with _LOCK:
-        _levels(buffers, 0, 1, *packed, np.empty(0), TILE, PARALLEL_WORK)
+        chunksize = numba.set_parallel_chunksize(CHUNK_JOBS)
+        try:
+            _levels(buffers, 0, 1, *packed, np.empty(0), TILE, PARALLEL_WORK)
+        finally:
+            numba.set_parallel_chunksize(chunksize)
     return buffers[0, :rows * level.width].reshape(rows, level.width).copy()
 
 
