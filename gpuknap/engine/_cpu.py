@@ -24,11 +24,48 @@ backend is chosen: ``import gpuknap`` never imports Numba.
 """
 from __future__ import annotations
 
+import ctypes
+import os
+import site
+import sys
 import threading
 from typing import Any, Callable
 
-import numba
 import numpy as np
+
+
+def _find_tbb() -> None:
+    """Make a pip-installed TBB (the ``jit`` extra installs it) visible to Numba.
+
+    Numba prefers its TBB threading layer, which stays fast when the machine
+    has more busy threads than cores (GNU OpenMP, its next choice, spins and
+    slows down severalfold there), but it looks the library up by name only,
+    and pip puts it in ``<prefix>/lib``, outside the loader's path.  Loading it
+    from there first lets Numba's own choice find it; nothing else changes.
+    """
+    name = {"linux": "libtbb.so.12", "darwin": "libtbb.12.dylib", "win32": "tbb12.dll"}.get(sys.platform)
+    if name is None or os.environ.get("NUMBA_THREADING_LAYER", "default") not in ("default", "tbb", "safe",
+                                                                                 "threadsafe", "forksafe"):
+        return
+    try:
+        ctypes.CDLL(name)
+        return  # on the loader's path already
+    except OSError:
+        pass
+    for base in dict.fromkeys([sys.prefix, sys.base_prefix, getattr(site, "USER_BASE", None) or ""]):
+        for folder in ("lib", "Library/bin" if sys.platform == "win32" else "lib"):
+            path = os.path.join(base, folder, name)
+            if base and os.path.exists(path):
+                try:
+                    ctypes.CDLL(path, mode=getattr(ctypes, "RTLD_GLOBAL", 0))
+                    return
+                except OSError:
+                    continue
+
+
+_find_tbb()
+
+import numba  # noqa: E402 - after the TBB library is found
 
 #: Cells of one tile: 2,048 doubles (16 KiB) stay in a 32-48 KiB L1 data cache
 #: beside the previous level's cells they are computed from.
@@ -46,29 +83,67 @@ _LOCK = threading.Lock()
 
 
 @numba.njit(nogil=True, boundscheck=False, cache=True)
+def _add_min(prev, src, w, t, out, dst, lo, hi):  # pragma: no cover - compiled
+    """``out[dst + c] = min(out[dst + c], prev[src + c - w] + t)`` for ``lo <= c < hi``."""
+    a = prev[src + lo - w:src + hi - w]
+    b = out[dst + lo:dst + hi]
+    for i in range(hi - lo):
+        v = a[i] + t
+        cur = b[i]
+        b[i] = v if v < cur else cur
+
+
+@numba.njit(nogil=True, boundscheck=False, cache=True)
 def _tile(prev, src, weights, times, o0, o1, out, dst, c0, c1):  # pragma: no cover - compiled
-    """Cells ``c0:c1`` of one row: ``out[dst + c]`` from ``prev[src + c - w] + t``."""
-    filled = False
-    for o in range(o0, o1):
+    """Cells ``c0:c1`` of one row from options ``o0:o1``: the first option that reaches
+    the tile writes it (``inf`` below its weight), the others take minima, four options
+    at a time where they all reach a cell (one read and write of the tile per four)."""
+    o = o0
+    while o < o1:
         w = weights[o]
-        if w >= c1:
-            continue
-        t = times[o]
-        lo = max(c0, w)
-        a = prev[src + lo - w:src + c1 - w]
-        b = out[dst + lo:dst + c1]
-        if not filled:  # the first option writes (inf below its weight)
+        o += 1
+        if w < c1:
+            t = times[o - 1]
+            lo = max(c0, w)
             out[dst + c0:dst + lo] = np.inf
+            a = prev[src + lo - w:src + c1 - w]
+            b = out[dst + lo:dst + c1]
             for i in range(c1 - lo):
                 b[i] = a[i] + t
-            filled = True
-        else:
-            for i in range(c1 - lo):
-                v = a[i] + t
-                cur = b[i]
-                b[i] = v if v < cur else cur
-    if not filled:
+            break
+    else:
         out[dst + c0:dst + c1] = np.inf
+        return
+    while o + 4 <= o1:
+        w0, w1, w2, w3 = weights[o], weights[o + 1], weights[o + 2], weights[o + 3]
+        lo = max(c0, max(max(w0, w1), max(w2, w3)))
+        if lo < c1:
+            t0, t1, t2, t3 = times[o], times[o + 1], times[o + 2], times[o + 3]
+            a0 = prev[src + lo - w0:src + c1 - w0]
+            a1 = prev[src + lo - w1:src + c1 - w1]
+            a2 = prev[src + lo - w2:src + c1 - w2]
+            a3 = prev[src + lo - w3:src + c1 - w3]
+            b = out[dst + lo:dst + c1]
+            for i in range(c1 - lo):  # the same additions; exact minima in any order (no NaN)
+                x = a0[i] + t0
+                y = a1[i] + t1
+                x = y if y < x else x
+                y = a2[i] + t2
+                x = y if y < x else x
+                y = a3[i] + t3
+                x = y if y < x else x
+                cur = b[i]
+                b[i] = x if x < cur else cur
+        for k in range(4):  # cells below the group's largest weight: each option on its own
+            w = weights[o + k]
+            if max(c0, w) < min(lo, c1):
+                _add_min(prev, src, w, times[o + k], out, dst, max(c0, w), min(lo, c1))
+        o += 4
+    while o < o1:
+        w = weights[o]
+        if max(c0, w) < c1:
+            _add_min(prev, src, w, times[o], out, dst, max(c0, w), c1)
+        o += 1
 
 
 @numba.njit(nogil=True, boundscheck=False, cache=True)
