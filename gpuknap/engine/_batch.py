@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from operator import itemgetter
-from typing import Hashable, Sequence
+from typing import Hashable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -62,9 +62,9 @@ class Chunk:
         return sum(lv.rows * lv.width for lv in self.levels)
 
 
-@dataclass(frozen=True)
-class Knapsack:
-    """A problem to solve by DP: its ``runs`` of front keys, ``capacity`` and id."""
+class Knapsack(NamedTuple):
+    """A problem to solve by DP: its ``runs`` of front keys, ``capacity`` and id
+    (immutable; a named tuple, as a batch makes one per problem)."""
 
     runs: tuple
     capacity: int

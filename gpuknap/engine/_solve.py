@@ -115,21 +115,24 @@ def solve_problems(problems: Sequence[StageProblem], table: FrontTable, backend:
     whose times are taken from there; the problems solved now are added to it
     (the rounds of a search)."""
     values = np.full(len(problems), np.inf)
-    knapsacks = []
-    new = []
     times = known.times() if known else None
-    for ident, problem in enumerate(problems):
-        if times is not None:
-            t = times.get(problem)
-            if t is not None:
-                values[ident] = t
-                continue
-        new.append(ident)
-        how = verdict(problem, table) if verdicts is None else verdicts[ident]
-        if how.kind == FASTEST:
-            values[ident] = how.time
-        elif how.kind == KNAPSACK:
-            knapsacks.append(Knapsack(problem.runs, how.capacity, ident))
+    if times:  # problems solved in an earlier round keep their time
+        found = [times.get(problem) for problem in problems]
+        new = [i for i, t in enumerate(found) if t is None]
+        old = [i for i, t in enumerate(found) if t is not None]
+        values[old] = [found[i] for i in old]
+    else:
+        new = range(len(problems))
+    knapsacks, fast, fast_times = [], [], []
+    for ident in new:
+        how = verdict(problems[ident], table) if verdicts is None else verdicts[ident]
+        kind = how.kind
+        if kind == KNAPSACK:
+            knapsacks.append(Knapsack(problems[ident].runs, how.capacity, ident))
+        elif kind == FASTEST:
+            fast.append(ident)
+            fast_times.append(how.time)
+    values[fast] = fast_times
     if knapsacks:
         solved = solve_knapsacks(knapsacks, table, get_backend(backend), max_bytes, len(problems))
         idents = [k.ident for k in knapsacks]
