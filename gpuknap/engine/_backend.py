@@ -95,7 +95,7 @@ class Backend:
             return minplus_pass(self.xp, prev, parent, tables[0], tables[1], level.width)
         if self.mode == "tables":
             return passes.pass_level_tables(self.xp, prev, parent, tables[0], tables[1], level.width)
-        return passes.pass_level(self.xp, prev, parent, level.width, level.segments)
+        return passes.pass_level_xp(self.xp, prev, parent, level.width, level.segments)
 
     def to_host(self, array: Any) -> np.ndarray:
         return array.get() if self.is_gpu else np.asarray(array)
@@ -159,21 +159,15 @@ def _numba_status() -> tuple[Any, str]:
     try:
         prev = np.array([[0.0, 1.0, np.inf, 2.5, 4.0, 0.5]])
         seg = passes.Segment(0, 2, np.array([0, 2], dtype=np.int64), np.array([1.25, 0.5]))
-        level = _Level(5, [seg])
         parent = np.array([0, 0])
-        got = _cpu.pass_level(prev, parent, level)
-        ok = np.array_equal(got, passes.pass_level(np, prev, parent, 5, [seg]))
+        got = _cpu.pass_level(prev, parent, passes._Level(5, [seg]))
+        ok = np.array_equal(got, passes.pass_level_xp(np, prev, parent, 5, [seg]))
     except Exception as exc:  # a compiler that fails here
         return None, f"Numba imports but the fused pass does not compile ({exc.__class__.__name__}: {exc})"
     if not ok:
         return None, "Numba's fused pass differs from the NumPy pass on a smoke test"
+    passes.FUSED = _cpu  # the single-stage solvers' passes take it too
     return _cpu, ""
-
-
-@dataclass(frozen=True)
-class _Level:
-    width: int
-    segments: list
 
 
 def numba_available() -> tuple[bool, str]:

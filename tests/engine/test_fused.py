@@ -16,7 +16,7 @@ from gpuknap.engine import BackendUnavailable, get_backend, numba_available
 from gpuknap.engine import _backend as backend_module
 from gpuknap.engine._backend import NUMPY
 from gpuknap.engine._batch import Knapsack, build_chunk, plan_chunks
-from gpuknap.engine._passes import Segment, pass_level
+from gpuknap.engine._passes import Segment, pass_level_xp
 from gpuknap.engine._solve import run_chunk
 
 NUMBA_OK, NUMBA_WHY = numba_available()
@@ -84,7 +84,7 @@ def test_fused_pass_equals_numpy_bit_for_bit_on_random_levels(monkeypatch, tile,
         width_prev = width + int(rng.integers(0, 4))
         prev, parent, level = random_level(rng, int(rng.integers(1, 6)), width_prev, int(rng.integers(1, 9)),
                                            width)
-        want = pass_level(np, prev, parent, width, level.segments)
+        want = pass_level_xp(np, prev, parent, width, level.segments)
         got = _cpu.pass_level(prev, parent, level)
         assert got.shape == want.shape
         assert np.array_equal(bits(got), bits(want)), (case, width)
@@ -100,7 +100,7 @@ def test_fused_pass_on_wide_levels_across_tiles_and_threads():
     rng = np.random.default_rng(5)
     for width in (_cpu.TILE * 3 + 17, 5000, 70_001):
         prev, parent, level = random_level(rng, 6, width + 10, 24, width)
-        want = pass_level(np, prev, parent, width, level.segments)
+        want = pass_level_xp(np, prev, parent, width, level.segments)
         assert np.array_equal(bits(_cpu.pass_level(prev, parent, level)), bits(want))
 
 
@@ -182,3 +182,24 @@ def test_auto_loads_the_fused_pass_only_for_batches_that_pay_for_it(monkeypatch)
 def test_import_never_imports_numba():
     code = "import sys, gpuknap; gpuknap.rank; assert 'numba' not in sys.modules, 'numba imported'"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+@needs_numba
+def test_single_stage_solvers_on_the_fused_pass_equal_numpy(monkeypatch):
+    """pp_lite and choose call ``pass_level``, which takes the fused pass once it is loaded:
+    the same choices and times as on the plain NumPy pass."""
+    from gpuknap import pp_lite
+    from gpuknap.engine import _cpu
+    from gpuknap.engine import _passes as passes
+
+    rng = random.Random(4)
+    fr, cands = random_model_batch(rng, 40)
+    monkeypatch.setattr(passes, "FUSED", None)
+    want = [pp_lite(c, fr, 2) for c in cands]
+    monkeypatch.setattr(passes, "FUSED", _cpu)
+    monkeypatch.setattr(passes, "FUSED_WORK", 0)  # every level
+    calls = []
+    real = _cpu.pass_level
+    monkeypatch.setattr(_cpu, "pass_level", lambda *a: calls.append(1) or real(*a))
+    assert [pp_lite(c, fr, 2) for c in cands] == want
+    assert calls
