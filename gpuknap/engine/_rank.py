@@ -68,12 +68,17 @@ class Ranking:
         return int(self._offsets[i]), int(self._offsets[i + 1])
 
     def _slowest(self) -> np.ndarray:
-        """Each candidate's slowest stage, a block of candidates at a time."""
+        """Each candidate's slowest stage, a block of candidates at a time (with codes
+        numbered by time, the largest code of a candidate is its slowest stage)."""
         out = np.full(self._n, np.inf)
+        by_time = bool((self._values[1:] >= self._values[:-1]).all())
         for lo in range(0, self._n, BLOCK):
             hi = min(lo + BLOCK, self._n)
             a, b = self._bounds(lo)[0], self._bounds(hi - 1)[1]
             if b <= a:
+                continue
+            if self._offsets is None and by_time:
+                out[lo:hi] = self._values[self._codes[a:b].reshape(hi - lo, self._p).max(axis=1)]
                 continue
             times = self._values[self._codes[a:b]]
             if self._offsets is None:
@@ -221,6 +226,10 @@ def rank(candidates: Sequence[Sequence[Stage]], fronts: Mapping[Hashable, Sequen
         stage_keys, problems, key_problem, key_fixed = _dedup(distinct, offsets, table, where)
     values = solve_problems(problems, table, backend, max_bytes)
     key_times = values[key_problem] + key_fixed
-    codes = compact_codes(stage_keys[objects], len(key_times))
+    order = np.argsort(key_times, kind="stable")  # codes numbered by time
+    rank_of = np.empty(len(order), dtype=np.int64)
+    rank_of[order] = np.arange(len(order))
+    codes = compact_codes(rank_of[stage_keys][objects], len(key_times))
+    key_times = key_times[order]
     plan = Planner(fronts, bucket)  # choices of many candidates share their stages
     return Ranking(codes, key_times, np.asarray(offsets, dtype=np.int64), lambda i: plan(candidates[i]))

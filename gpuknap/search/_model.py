@@ -215,9 +215,10 @@ class PipelineModel:
         Errors name a row as ``where(row)`` (default ``"splits row i"``)."""
         return self._valid_splits(splits, chunks, where).astype(np.int64, copy=False)
 
-    def _valid_splits(self, splits: Any, chunks: int = 1, where: Any = None) -> np.ndarray:
+    def _valid_splits(self, splits: Any, chunks: int = 1, where: Any = None, rows: bool = True) -> np.ndarray:
         """:meth:`check_splits` without converting the array: checked a block of rows at a
-        time, so no copy of a large batch is made (integer or integral float dtypes)."""
+        time, so no copy of a large batch is made (integer or integral float dtypes).
+        ``rows=False``: the shape and dtype only (the caller checks the rows as it reads them)."""
         where = where or (lambda row: f"splits row {row}")
         check_int(chunks, "chunks", 1)
         try:
@@ -228,7 +229,7 @@ class PipelineModel:
             raise ValueError(f"splits must be a 2-D integer array [B, P*chunks], got shape {arr.shape}")
         if arr.dtype.kind not in "iuf":
             raise ValueError(f"splits must hold integer layer counts, got dtype {arr.dtype}")
-        for lo in range(0, len(arr), SPLIT_BLOCK):
+        for lo in range(0, len(arr) if rows else 0, SPLIT_BLOCK):
             self._check_block(arr[lo:lo + SPLIT_BLOCK], lo, where)
         return arr
 
@@ -263,7 +264,7 @@ class PipelineModel:
         get_backend(backend)  # a bad backend or max_bytes fails whatever the data
         if max_bytes is not None:
             check_max_bytes(max_bytes)
-        arr = self._valid_splits(splits, chunks)  # not copied: read a block of rows at a time
+        arr = self._valid_splits(splits, chunks, rows=chunks > 1)  # not copied; plain rows checked as read
         p = arr.shape[1] // chunks
         table = self.in_flight_table(p, chunks, in_flight)
 

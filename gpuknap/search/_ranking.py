@@ -36,53 +36,73 @@ def _ends(arr: np.ndarray, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def rank_plain(model: Any, arr: np.ndarray, p: int, table: list, bucket: float, backend: Any,
-               max_bytes: int | None, rebuild: Callable[[list], Any]) -> Ranking:
-    """``rank`` for plain splits ``arr [B, P]`` (validated; any integer dtype): each distinct
-    segment solved once.  ``rebuild(counts)`` plans one split."""
+               max_bytes: int | None, rebuild: Callable[[list], Any], where: Any = None) -> Ranking:
+    """``rank`` for plain splits ``arr [B, P]`` (any integer dtype, or integral floats), its
+    rows validated here as they are read: each distinct segment solved once.
+    ``rebuild(counts)`` plans one split; ``where(row)`` names a row in errors."""
     batch = len(arr)
     n = model.layers + 1
     space = p * n * n
     base = np.arange(p, dtype=np.int64) * (n * n)
-
-    def codes(lo: int, hi: int) -> np.ndarray:  # (stage * n + start) * n + end, per stage of each row
-        counts, ends = _ends(arr, lo, hi)
-        out = ends - counts
-        out *= n
-        out += ends
-        out += base
-        return out.ravel()
-
     dense = space <= max(1 << 22, batch * p)  # a lookup table no larger than the splits
+    raw = np.empty(batch * p, dtype=np.uint32 if space < 2**32 else np.int64) if dense else None
+    present = np.zeros(space, dtype=bool) if dense else None
+    unique = np.zeros(0, dtype=np.int64)
+    for lo, hi in _blocks(batch):
+        counts, ends = _valid_block(model, arr, lo, hi, where)
+        codes = ends - counts  # (stage * n + start) * n + end, per stage of each row
+        codes *= n
+        codes += ends
+        codes += base
+        if dense:
+            present[codes] = True
+            raw[lo * p:hi * p] = codes.ravel()
+        else:
+            unique = np.union1d(unique, codes.ravel())
     if dense:
-        present = np.zeros(space, dtype=bool)
-        for lo, hi in _blocks(batch):
-            present[codes(lo, hi)] = True
         unique = np.flatnonzero(present)
         del present
-    else:
-        unique = np.zeros(0, dtype=np.int64)
-        for lo, hi in _blocks(batch):
-            unique = np.union1d(unique, codes(lo, hi))
     seg_stage, rest = np.divmod(unique, n * n)
     seg_start, seg_end = np.divmod(rest, n)
     inflight = np.array([row[0] for row in table], dtype=np.int64)
     values = segment_times(model, inflight, seg_stage, seg_start, seg_end, bucket, backend, max_bytes)
+    order = np.argsort(values, kind="stable")  # codes by time: a row's slowest stage has its largest code
+    rank_of = np.empty(len(order), dtype=np.int64)
+    rank_of[order] = np.arange(len(order))
     kept = compact_codes(np.zeros(0, dtype=np.int64), len(unique)).dtype
-    ident = None
     if dense:
         ident = np.zeros(space, dtype=kept)
-        ident[unique] = np.arange(len(unique))
-    out = np.empty(batch * p, dtype=kept)
-    for lo, hi in _blocks(batch):
-        c = codes(lo, hi)
-        out[lo * p:hi * p] = ident[c] if dense else np.searchsorted(unique, c)
-    del ident
-    counts = (seg_end - seg_start).astype(np.int64)
+        ident[unique] = rank_of
+        out = ident[raw]
+        del raw, ident
+    else:
+        out = np.empty(batch * p, dtype=kept)
+        for lo, hi in _blocks(batch):
+            counts, ends = _valid_block(model, arr, lo, hi, where)
+            c = ((ends - counts) * n + ends + base).ravel()
+            out[lo * p:hi * p] = rank_of[np.searchsorted(unique, c)]
+    counts_of = (seg_end - seg_start)[order]
 
     def plan(i: int) -> Any:
-        return rebuild(counts[out[i * p:(i + 1) * p]].tolist())
+        return rebuild(counts_of[out[i * p:(i + 1) * p]].tolist())
 
-    return Ranking(out, values, p, plan)
+    return Ranking(out, values[order], p, plan)
+
+
+def _valid_block(model: Any, arr: np.ndarray, lo: int, hi: int, where: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Counts and ends of rows ``lo:hi`` as int64, checked: every count at least 1 and at
+    most the model's layers, summing to its layers (else the model's error for the row)."""
+    block = arr[lo:hi]
+    where = where or (lambda row: f"splits row {row}")
+    if block.dtype.kind == "f":
+        model._check_block(block, lo, where)
+    counts = np.asarray(block, dtype=np.int64)
+    ends = np.cumsum(counts, axis=1)
+    if not ((counts.min(initial=1) >= 1) and counts.max(initial=0) <= model.layers
+            and (ends[:, -1] == model.layers).all()):
+        model._check_block(block, lo, where)
+        raise ValueError(f"splits rows {lo}..{hi - 1} are not splits of {model.layers} layers")
+    return counts, ends
 
 
 def rank_interleaved(model: Any, arr: np.ndarray, p: int, chunks: int, table: list, bucket: float, backend: Any,
@@ -126,11 +146,15 @@ def rank_interleaved(model: Any, arr: np.ndarray, p: int, chunks: int, table: li
         ids[u] = problem_of.setdefault(problem, len(problems))
         if ids[u] == len(problems):
             problems.append(problem)
-    values = solve_problems(problems, fronts, backend, max_bytes)
-    counts = unique[:, 2::2] - unique[:, 1::2]  # [distinct rows, chunks]
+    times = solve_problems(problems, fronts, backend, max_bytes)[ids]
+    order = np.argsort(times, kind="stable")  # codes by time, as for plain splits
+    rank_of = np.empty(len(order), dtype=out.dtype)
+    rank_of[order] = np.arange(len(order))
+    out = rank_of[out]
+    counts = (unique[:, 2::2] - unique[:, 1::2])[order]  # [distinct rows, chunks]
 
     def plan(i: int) -> Any:
         per_stage = counts[out[i * p:(i + 1) * p]]  # [p, chunks]
         return rebuild(per_stage.T.ravel().tolist())  # chunk-major
 
-    return Ranking(out, values[ids], p, plan)
+    return Ranking(out, times[order], p, plan)
