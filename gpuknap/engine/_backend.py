@@ -37,10 +37,10 @@ CPU_DEFAULT_CAP = 2 * 2**30
 CPU_CHUNK_BYTES = 128 * 2**20
 #: Share of the free device memory a batch may use on the GPU.
 GPU_FREE_SHARE = 0.5
-#: Under ``"auto"``, the least DP cells of a batch that loads the fused CPU pass
-#: (importing Numba and its cached compiled code takes about half a second, NumPy's
-#: pass does this many cells in about as long); once loaded, every batch takes it.
-AUTO_FUSED_CELLS = 1 << 26
+#: Under ``"auto"``, the least work (cells x options) of a batch that loads the fused CPU
+#: pass: importing Numba and its cached compiled code takes about half a second, about
+#: what NumPy's pass takes for this much work.  Once loaded, every batch takes it.
+AUTO_FUSED_WORK = 1 << 28
 
 
 class BackendUnavailable(ValueError, RuntimeError):
@@ -58,15 +58,15 @@ class Backend:
     ``"tables"`` (plain xp code reading per-row option tables), ``"fused"``
     (the compiled CPU pass of :mod:`._cpu`, NumPy arrays) or ``"cuda"`` (the
     CUDA kernel of :mod:`._kernels`, CuPy only).  All four are bit-identical.
-    ``fused_cells``: with ``"fused"``, batches of fewer DP cells take the plain
-    NumPy pass until the compiled pass is loaded, and every batch does if it
-    fails to load.
+    ``fused_work``: with ``"fused"``, batches of less work (cells x options) take
+    the plain NumPy pass until the compiled pass is loaded, and every batch does
+    if it fails to load.
     """
 
     name: str
     xp: Any
     mode: str = "segments"
-    fused_cells: int = 0
+    fused_work: int = 0
 
     @property
     def is_gpu(self) -> bool:
@@ -76,18 +76,22 @@ class Backend:
     def uses_tables(self) -> bool:
         return self.mode in ("tables", "cuda")
 
-    def fused(self, cells: int) -> Any:
-        """The compiled CPU pass's module for a batch of ``cells`` DP cells, or None when the
-        batch takes another pass."""
-        if self.mode != "fused" or (cells < self.fused_cells and not _numba_status.cache_info().currsize):
+    def fused(self, work: Any = 0) -> Any:
+        """The compiled CPU pass's module for a batch of ``work`` (cells x options, or a
+        function giving it, called only when it decides), or None when the batch takes
+        another pass."""
+        if self.mode != "fused":
             return None
+        if self.fused_work and not _numba_status.cache_info().currsize:
+            if (work() if callable(work) else work) < self.fused_work:
+                return None
         cpu, _ = _numba_status()
         return cpu
 
     def pass_level(self, prev: Any, parent: Any, level: Any, tables: tuple | None = None) -> Any:
         """One min-plus pass over every row of ``level``."""
         if self.mode == "fused":
-            cpu = self.fused(self.fused_cells)
+            cpu = self.fused(self.fused_work)
             if cpu is not None:
                 return cpu.pass_level(prev, parent, level)
         if self.mode == "cuda":
@@ -129,7 +133,7 @@ def _available_host_bytes() -> int:
 
 NUMPY = Backend("numpy", np)
 FUSED = Backend("numba", np, "fused")
-AUTO_FUSED = Backend("numba", np, "fused", AUTO_FUSED_CELLS)
+AUTO_FUSED = Backend("numba", np, "fused", AUTO_FUSED_WORK)
 
 
 @lru_cache(maxsize=1)

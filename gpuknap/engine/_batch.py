@@ -61,6 +61,11 @@ class Chunk:
         """Cell updates the chunk performs (rows x width summed over levels)."""
         return sum(lv.rows * lv.width for lv in self.levels)
 
+    @property
+    def work(self) -> int:
+        """Cell-options the chunk performs (each cell once per option of its row's step)."""
+        return sum((seg.stop - seg.start) * lv.width * len(seg.weights) for lv in self.levels for seg in lv.segments)
+
 
 class Knapsack(NamedTuple):
     """A problem to solve by DP: its ``runs`` of front keys, ``capacity`` and id

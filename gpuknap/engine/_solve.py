@@ -93,7 +93,7 @@ def solve_knapsacks(problems: Sequence[Knapsack], table: FrontTable, backend: Ba
         done += cells
         report("DP passes", done, total)
 
-    fused = backend.fused(total)
+    fused = backend.fused(lambda: sum(chunk.work for chunk in chunks))
     workspace = fused.Workspace() if fused is not None else None
     for chunk in chunks:
         ids = np.concatenate([lv.read_ids for lv in chunk.levels])

@@ -175,7 +175,7 @@ def test_auto_loads_the_fused_pass_only_for_batches_that_pay_for_it(monkeypatch)
     auto = get_backend("auto")
     if not NUMBA_OK or auto.name != "numba":
         pytest.skip("the fused pass is not what 'auto' takes here")
-    assert auto.fused_cells == backend_module.AUTO_FUSED_CELLS > 0
+    assert auto.fused_work == backend_module.AUTO_FUSED_WORK > 0
     assert get_backend("numba").fused(1) is not None  # asked for by name: always
 
 
