@@ -206,7 +206,9 @@ def in_process(root: str, call: str) -> dict:
     """``call`` (an expression of this module) evaluated in a fresh process with ``root``'s gpuknap."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, HERE])}
     env.pop("GPUKNAP_BACKEND", None)
-    code = f"import sys, json; sys.path[:0] = [{root!r}, {HERE!r}]; import bench_engine as b; print(json.dumps({call}))"
+    # gpuknap is imported first, from root: the helper modules put this checkout on sys.path
+    code = (f"import sys, json; sys.path[:0] = [{root!r}, {HERE!r}]; import gpuknap; import bench_engine as b; "
+            f"out = {call}; assert gpuknap.__file__.startswith({root!r}), gpuknap.__file__; print(json.dumps(out))")
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=HERE)
     if p.returncode:
         raise SystemExit(p.stderr)

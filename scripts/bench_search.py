@@ -93,8 +93,10 @@ def infeasible_ms() -> list:
 
 def run_worker(root: str) -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, HERE])}
-    code = ("import sys, json; sys.path[:0] = [%r, %r]; import bench_search; "
-            "print(json.dumps(bench_search.worker()))" % (root, HERE))
+    # gpuknap first, from root: _demo and _scale put this checkout on sys.path when imported
+    code = ("import sys, json; sys.path[:0] = [%r, %r]; import gpuknap; import bench_search; "
+            "out = bench_search.worker(); assert gpuknap.__file__.startswith(%r), gpuknap.__file__; "
+            "print(json.dumps(out))" % (root, HERE, root))
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=HERE)
     if p.returncode:
         raise SystemExit(p.stderr)
