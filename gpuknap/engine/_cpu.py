@@ -72,6 +72,12 @@ import numba  # noqa: E402 - after the TBB library is found
 TILE = 2048
 #: Least work (cells x options) of a level that runs on several threads.
 PARALLEL_WORK = 1 << 19
+#: The same when the machine's cores are busy with other processes (load average at
+#: least the cores): a parallel level then waits for whichever thread the operating
+#: system holds up, so only levels long enough to amortise that run on threads.
+#: Measured on the 2-core VM with one core busy, the sweep's levels (4 rows x 58k
+#: buckets) ran 1.6x slower on two threads than on one at 2**19, as fast at 2**22.
+BUSY_PARALLEL_WORK = 1 << 24
 #: Jobs (row, tile) a thread takes at a time in a parallel level: small, so that a thread
 #: the operating system holds up (a busy machine) leaves its share to the others.
 CHUNK_JOBS = 4
@@ -238,6 +244,15 @@ class Workspace:
         return self._buffers
 
 
+def parallel_work() -> int:
+    """The least work of a level run on threads, given how busy the machine is."""
+    try:
+        busy = os.getloadavg()[0] >= (os.cpu_count() or 1) - 0.5
+    except OSError:
+        busy = False
+    return BUSY_PARALLEL_WORK if busy else PARALLEL_WORK
+
+
 def run_chunk(chunk: Any, on_level: Callable[[int], None] | None = None,
               workspace: Workspace | None = None) -> np.ndarray:
     """All readouts of a chunk (as :func:`._solve.run_chunk`), fused and compiled."""
@@ -249,6 +264,7 @@ def run_chunk(chunk: Any, on_level: Callable[[int], None] | None = None,
     buffers = (workspace or Workspace()).buffers(cells)
     buffers[1, :chunk.root_width] = 0.0
     values = np.empty(int(packed[7][-1]))
+    least = parallel_work()  # of a level run on threads
     first = 0
     while first < len(levels):  # groups of levels, progress reported between them
         last, done = first, 0
@@ -258,7 +274,7 @@ def run_chunk(chunk: Any, on_level: Callable[[int], None] | None = None,
         with _LOCK:
             chunksize = numba.set_parallel_chunksize(CHUNK_JOBS)
             try:
-                _levels(buffers, first, last, *packed, values, TILE, PARALLEL_WORK)
+                _levels(buffers, first, last, *packed, values, TILE, least)
             finally:
                 numba.set_parallel_chunksize(chunksize)
         if on_level is not None:

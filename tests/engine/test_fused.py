@@ -78,6 +78,7 @@ def test_fused_pass_equals_numpy_bit_for_bit_on_random_levels(monkeypatch, tile,
 
     monkeypatch.setattr(_cpu, "TILE", tile)
     monkeypatch.setattr(_cpu, "PARALLEL_WORK", parallel)  # every level on threads, or none
+    monkeypatch.setattr(_cpu, "BUSY_PARALLEL_WORK", parallel)
     rng = np.random.default_rng(tile * 7 + bool(parallel))
     for case in range(12):
         width = int(rng.choice([1, 2, tile - 1 or 1, tile, tile + 1, 3 * tile + 5, 97]))
@@ -124,6 +125,8 @@ def test_fused_chunks_equal_numpy_chunks(monkeypatch, seed):
     from gpuknap.engine import _cpu
 
     monkeypatch.setattr(_cpu, "GROUP_WORK", 500)  # many groups of levels per chunk
+    monkeypatch.setattr(_cpu, "PARALLEL_WORK", 0)  # every level on threads
+    monkeypatch.setattr(_cpu, "BUSY_PARALLEL_WORK", 0)
     chunks = random_chunks(seed)
     assert len(chunks) > 1
     space = _cpu.Workspace()
