@@ -4,10 +4,11 @@ compiles, CuPy where it imports AND a CUDA device is present.
 This is the only module that imports CuPy, and it does so lazily, as it loads
 the compiled CPU pass (:mod:`._cpu`, the only module importing Numba):
 ``import gpuknap`` touches neither.  ``backend="auto"`` (the default) takes
-CuPy when it is usable, else the fused CPU pass when Numba is installed (for
-chunks with enough work to pay for loading it; smaller ones, and every chunk
-if Numba fails to load, take the NumPy pass: the results are bit-identical),
-else NumPy.  ``"numpy"`` is the plain NumPy pass, the reference the others
+CuPy when it is usable, else the fused CPU pass when Numba is installed
+(loaded by the first batch with enough work to pay for loading it; batches
+before it, and every batch if Numba fails to load, take the NumPy pass: the
+results are bit-identical), else NumPy; ``"numba"`` asks for the fused pass
+(or says why it cannot run).  ``"numpy"`` is the plain NumPy pass, the reference the others
 are tested against.  The ``GPUKNAP_BACKEND`` environment variable overrides
 ``"auto"``.
 """

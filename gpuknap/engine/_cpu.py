@@ -14,10 +14,14 @@ are finite or ``inf`` and never NaN (options are validated; ``inf + t`` stays
 ``inf``), so the minimum does not depend on the order it is taken in and the
 results are bit-identical to NumPy's, which the tests check.
 
-Jobs of one level, ``(row, tile)`` pairs, run on Numba's threads; levels too
-small to pay for a parallel launch run on one thread.  A chunk's levels run in
-one compiled call per group of levels (progress is reported between groups),
-writing to two buffers in turn, so no level allocates memory.
+Where options all reach a cell, four of them are taken per read and write of
+the tile.  Jobs of one level, ``(row, tile)`` pairs, run on Numba's threads
+in small dynamic chunks; levels too small to pay for a parallel launch (or,
+while other processes keep every core busy, for a thread held up by the
+system) run on one thread.  A chunk's levels run in one compiled call per
+group of levels (progress is reported between groups), writing to two
+buffers in turn, so no level allocates memory.  Calls are serialised by a
+lock (Numba's workqueue layer must not be entered twice at once).
 
 Numba is imported here only, and this module only by :mod:`._backend` when the
 backend is chosen: ``import gpuknap`` never imports Numba.
