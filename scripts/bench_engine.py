@@ -191,14 +191,30 @@ def levels_part(args) -> None:
 
 # ---------------------------------------------------------------- end to end, against a baseline
 
+def digest(result) -> str:
+    """A short fingerprint of a workload's answer (rankings: every slowest time; searches:
+    splits and scores; sweeps: every row's counts, score and simulated time)."""
+    import hashlib
+
+    import numpy as np
+
+    if hasattr(result, "slowest"):
+        text = np.asarray(result.slowest).tobytes().hex()
+    elif hasattr(result, "rows"):
+        text = repr([(r["config"], r["counts"], r["score"], r["iteration_time"]) for r in result.rows])
+    else:
+        text = repr([(list(f[0]), f[1]) for f in result])
+    return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+
 def e2e_worker(names: list, repeat: int, quick: bool) -> dict:
     """Best-of-``repeat`` seconds of each workload with ``backend="auto"`` (after one warm-up
-    run that also loads compiled code), in this process."""
+    run that also loads compiled code) and its answer's digest, in this process."""
     loads = workloads(quick)
     out = {}
     for name in names:
-        loads[name]("auto")
-        out[name] = best(lambda: loads[name]("auto"), repeat)
+        answer = digest(loads[name]("auto"))
+        out[name] = [best(lambda: loads[name]("auto"), repeat), answer]
     return out
 
 
@@ -238,15 +254,16 @@ def e2e_part(args, base: str) -> None:
     for r in range(args.rounds):  # alternate the two sides, each in fresh processes
         for side, root in (("before", base), ("now", ROOT)):
             rounds[side].append(in_process(root, f"b.e2e_worker({names!r}, {args.repeat}, {args.quick})"))
-            print(f"  round {r + 1}/{args.rounds}, {side}: " + ", ".join(f"{v:.3f}" for v in rounds[side][-1].values()),
-                  file=sys.stderr, flush=True)
-    print("\n| workload | before (s) | now (s) | speed-up | spread before | spread now |")
-    print("|---|---:|---:|---:|---:|---:|")
+            print(f"  round {r + 1}/{args.rounds}, {side}: "
+                  + ", ".join(f"{v[0]:.3f}" for v in rounds[side][-1].values()), file=sys.stderr, flush=True)
+    print("\n| workload | before (s) | now (s) | speed-up | spread before | spread now | same answers |")
+    print("|---|---:|---:|---:|---:|---:|:---:|")
     for name in names:
-        b = [run[name] for run in rounds["before"]]
-        n = [run[name] for run in rounds["now"]]
+        b = [run[name][0] for run in rounds["before"]]
+        n = [run[name][0] for run in rounds["now"]]
+        same = len({run[name][1] for side in rounds.values() for run in side}) == 1
         print(f"| {name} | {min(b):.3f} | {min(n):.3f} | {min(b) / min(n):.2f}x | {max(b) / min(b):.2f} "
-              f"| {max(n) / min(n):.2f} |", flush=True)
+              f"| {max(n) / min(n):.2f} | {'yes' if same else 'NO'} |", flush=True)
 
 
 # ---------------------------------------------------------------- memory of bulk ranking
