@@ -1,10 +1,26 @@
-"""GPU benchmark (issue 3): the min-plus pass on CuPy against NumPy on the same batch.
+"""GPU benchmark (issues 3 and 24): what a roofline of the min-plus kernel needs.
 
-Usage: python scripts/bench_gpu.py [--rows R] [--buckets W] [--steps S] [--options O] [--numpy-only]
-Prints a markdown table: rows, buckets, options, layer steps, time, cell updates
-per second, effective bandwidth (16 bytes per cell update: one read of the
-previous row, one write) against the H200's 4.8 TB/s, and the speed-up over NumPy.
-CuPy and NumPy results are checked to be bit-identical.
+Usage: python scripts/bench_gpu.py [--quick] [--numpy-only] [--reps N]
+
+1. The device and its measured device-to-device copy rate (bytes read plus
+   bytes written per second, CUDA events around a ``cudaMemcpyAsync``): the
+   roofline's peak, measured rather than the data sheet's.
+2. Synthetic batches at 4 and 64 options, every row a chain of knapsack layers
+   (real DP): kernel-only time (CUDA events around back-to-back launches of each
+   level's kernel, divided by the launches), achieved GB/s at 16 bytes per cell
+   (a read of the previous level and a write) and its share of the measured
+   copy peak, cell-options per second; the engine's host-inclusive time beside
+   it (uploads, launches, readouts); the CPU pass on the same batch for scale.
+   Results are checked bit for bit against the CPU.
+3. Real level shapes: the DP batches of the sweep at 1 MiB (``bench_sweep.py``'s
+   grid), cut as the CPU cuts them (128 MiB chunks: a median of 4 rows x 58k
+   buckets over thousands of levels) and as the GPU backend plans them (one
+   chunk per batch): kernel-only against host-inclusive time, and whether
+   launches dominate.
+4. The sweep at 1 MiB end to end on the CPU and on CuPy, rows identical.
+
+Every row is printed as soon as it is measured.  Without CuPy (or with
+``--numpy-only``) only the CPU columns are measured.
 """
 from __future__ import annotations
 
@@ -16,20 +32,15 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.dirname(HERE), HERE]
 
 from gpuknap import LayerOption  # noqa: E402
-from gpuknap.engine import (
-    Backend,
-    FrontTable,  # noqa: E402
-    cupy_available,
-    get_backend,
-)
+from gpuknap.engine import FrontTable, cupy_available, get_backend, numba_available  # noqa: E402
 from gpuknap.engine._backend import NUMPY  # noqa: E402
 from gpuknap.engine._batch import Knapsack, build_chunk, plan_chunks  # noqa: E402
-from gpuknap.engine._solve import run_chunk  # noqa: E402
+from gpuknap.engine._solve import _upload, run_chunk  # noqa: E402
 
-H200_BANDWIDTH = 4.8e12
 BYTES_PER_CELL = 16
 
 
@@ -46,54 +57,203 @@ def make_batch(rows, buckets, steps, options, seed=0):
     return table, problems
 
 
-def time_backend(backend, chunk, repeat):
+def cell_options(chunks) -> tuple[int, int]:
+    cells = work = 0
+    for chunk in chunks:
+        for lv in chunk.levels:
+            cells += lv.rows * lv.width
+            for seg in lv.segments:
+                work += (seg.stop - seg.start) * lv.width * int((seg.weights < lv.width).sum())
+    return cells, work
+
+
+def copy_peak(cp, nbytes: int, reps: int = 5) -> float:
+    """Measured device-to-device copy rate, bytes read + written per second."""
+    src = cp.ones(nbytes // 8)
+    dst = cp.empty_like(src)
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    best = float("inf")
+    for _ in range(reps):
+        start.record()
+        dst.data.copy_from_device_async(src.data, src.nbytes)
+        end.record()
+        end.synchronize()
+        best = min(best, cp.cuda.get_elapsed_time(start, end) / 1e3)
+    return 2 * src.nbytes / best
+
+
+def kernel_seconds(backend, chunks, reps: int) -> tuple[float, int]:
+    """Kernel-only seconds of every level of ``chunks`` on the CuPy backend: CUDA events
+    around ``reps`` back-to-back launches of each level's kernel (with its buffers made
+    beforehand), divided by ``reps``; and the number of levels."""
+    from gpuknap.engine._kernels import MAX_GRID_Y, THREADS, _kernel
+
+    cp = backend.xp
+    kernel = _kernel(cp)
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    total, levels = 0.0, 0
+    for chunk in chunks:
+        prev = cp.zeros((1, chunk.root_width))
+        for lv, (parent, (w, t), _, _) in zip(chunk.levels, _upload(backend, chunk)):
+            out = cp.empty((lv.rows, lv.width))
+            grid = ((lv.width + THREADS - 1) // THREADS, min(lv.rows, MAX_GRID_Y))
+            args = (prev, cp.int64(prev.shape[1]), parent, w, t, cp.int32(w.shape[1]), out, cp.int64(lv.rows),
+                    cp.int64(lv.width))
+            kernel(grid, (THREADS,), args)  # the level's real input for the next one
+            start.record()
+            for _ in range(reps):
+                kernel(grid, (THREADS,), args)
+            end.record()
+            end.synchronize()
+            total += cp.cuda.get_elapsed_time(start, end) / 1e3 / reps
+            levels += 1
+            prev = out
+    return total, levels
+
+
+def host_seconds(backend, chunks, repeat: int = 2):
+    """Host-inclusive seconds of the engine on ``chunks`` (uploads, launches, readouts
+    back on the host), best of ``repeat``, and the readouts."""
     best, out = float("inf"), None
     for _ in range(repeat):
         if backend.is_gpu:
             backend.xp.cuda.Device().synchronize()
         t0 = time.perf_counter()
-        out = run_chunk(backend, chunk)
+        out = [run_chunk(backend, c) for c in chunks]
         if backend.is_gpu:
             backend.xp.cuda.Device().synchronize()
         best = min(best, time.perf_counter() - t0)
     return best, out
 
 
+def cpu_seconds(chunks, repeat: int = 1):
+    """The CPU pass on ``chunks``: the fused pass where Numba runs, else NumPy's."""
+    ok, _ = numba_available()
+    if ok:
+        cpu = get_backend("numba").fused(0)
+        space = cpu.Workspace()
+        best, out = float("inf"), None
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            out = [cpu.run_chunk(c, None, space) for c in chunks]
+            best = min(best, time.perf_counter() - t0)
+        return "fused CPU", best, out
+    t, out = host_seconds(NUMPY, chunks, repeat)
+    return "NumPy", t, out
+
+
+def synthetic_rows(args, gpu, peak) -> None:
+    shapes = [(256, 65536, 8, 4), (64, 65536, 8, 64)] if args.quick else \
+        [(4096, 65536, 12, 4), (1024, 65536, 24, 4), (512, 65536, 24, 64)]
+    print("\n## Synthetic batches (every row a knapsack chain)\n")
+    print("| rows | buckets | options | steps | cell-options | CPU pass (s) | kernel-only (s) | achieved GB/s "
+          "| % of copy peak | cell-options/s | host-inclusive (s) | kernel / host | bit-identical |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|")
+    for rows, buckets, steps, options in shapes:
+        table, problems = make_batch(rows, buckets, steps, options)
+        chunks = [build_chunk(e, table) for e in plan_chunks(problems, 2**62, 1.0)]
+        cells, work = cell_options(chunks)
+        name, t_cpu, ref = cpu_seconds(chunks)
+        cols = ["-"] * 7
+        if gpu is not None:
+            run_chunk(gpu, chunks[0])  # compile and warm up
+            t_k, _ = kernel_seconds(gpu, chunks, args.reps)
+            t_h, got = host_seconds(gpu, chunks)
+            same = all(np.array_equal(a, b) for a, b in zip(got, ref))
+            gbs = cells * BYTES_PER_CELL / t_k
+            cols = [f"{t_k:.4f}", f"{gbs / 1e9:,.0f}", f"{100 * gbs / peak:.0f}", f"{work / t_k:.3g}",
+                    f"{t_h:.4f}", f"{t_k / t_h:.0%}", "yes" if same else "NO"]
+        print(f"| {rows:,} | {buckets:,} | {options} | {steps} | {work:.3g} | {t_cpu:.3f} ({name}) | "
+              + " | ".join(cols) + " |", flush=True)
+
+
+def sweep_batches(quick: bool, backend: str) -> list:
+    """The chunks of every DP batch of the sweep at 1 MiB as ``backend`` plans them."""
+    from bench_engine import capture
+    from bench_sweep import BATCH, GPUS, GRID, LLAMA
+
+    from gpuknap import MEGABYTE, sweep
+
+    grid = {k: v[:2] for k, v in GRID.items()} if quick else GRID
+    return capture(lambda b: sweep(LLAMA, grid, gpus=GPUS, global_batch=BATCH, backend=b, bucket=MEGABYTE), backend)
+
+
+def replay_rows(args, gpu, peak) -> None:
+    print("\n## Real level shapes: the sweep at 1 MiB\n")
+    print("| cut as | levels | median rows x buckets | cell-options | CPU pass (s) | kernel-only (s) | achieved GB/s "
+          "| % of copy peak | host-inclusive (s) | levels per host second | launches dominate |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|:---:|")
+    plans = [("the CPU (128 MiB chunks)", "numpy")] + ([("the GPU (one chunk per batch)", "cupy")] if gpu else [])
+    for label, backend in plans:
+        chunks = sweep_batches(args.quick, backend)
+        levels = [lv for c in chunks for lv in c.levels]
+        cells, work = cell_options(chunks)
+        shape = (f"{int(np.median([lv.rows for lv in levels]))} x "
+                 f"{int(np.median([lv.width for lv in levels])):,}")
+        name, t_cpu, ref = cpu_seconds(chunks)
+        cols = ["-"] * 6
+        if gpu is not None:
+            t_k, n = kernel_seconds(gpu, chunks, args.reps)
+            t_h, got = host_seconds(gpu, chunks)
+            if not all(np.array_equal(a, b) for a, b in zip(got, ref)):
+                raise SystemExit("CuPy readouts differ from the CPU's")
+            gbs = cells * BYTES_PER_CELL / t_k
+            cols = [f"{t_k:.4f}", f"{gbs / 1e9:,.0f}", f"{100 * gbs / peak:.0f}", f"{t_h:.4f}", f"{n / t_h:,.0f}",
+                    "yes" if t_h > 2 * t_k else "no"]
+        print(f"| {label} | {len(levels):,} | {shape} | {work:.3g} | {t_cpu:.3f} ({name}) | " + " | ".join(cols)
+              + " |", flush=True)
+    if gpu is not None:
+        print("\n(launches dominate: the host-inclusive time is more than twice the kernels' own; the GPU backend "
+              "then gains from fewer, larger levels, which is why it plans one chunk per batch)")
+
+
+def sweep_rows(args, gpu) -> None:
+    """The sweep at 1 MiB end to end, once on the CPU's best backend and once on CuPy: same rows."""
+    from bench_sweep import BATCH, GPUS, GRID, LLAMA
+
+    from gpuknap import MEGABYTE, sweep
+
+    grid = {k: v[:2] for k, v in GRID.items()} if args.quick else GRID
+    cpu = "numba" if numba_available()[0] else "numpy"
+    print("\n## The sweep at 1 MiB end to end\n")
+    print("| backend | configurations | seconds | rows identical to the CPU's |")
+    print("|---|---:|---:|:---:|")
+    want = None
+    for backend in [cpu] + (["cupy"] if gpu is not None else []):
+        sweep(LLAMA, {k: v[:1] for k, v in grid.items()}, gpus=GPUS, global_batch=BATCH, backend=backend,
+              bucket=MEGABYTE)  # compile and warm up
+        t0 = time.perf_counter()
+        got = sweep(LLAMA, grid, gpus=GPUS, global_batch=BATCH, backend=backend, bucket=MEGABYTE)
+        seconds = time.perf_counter() - t0
+        want = got.rows if want is None else want
+        print(f"| {backend} | {len(got.rows)} | {seconds:.2f} | {'yes' if got.rows == want else 'NO'} |", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rows", type=int, default=1024)
-    ap.add_argument("--buckets", type=int, default=65536)
-    ap.add_argument("--steps", type=int, default=24)
-    ap.add_argument("--options", type=int, default=4)
-    ap.add_argument("--numpy-only", action="store_true")
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="smaller batches and grid (about a minute on a GPU)")
+    ap.add_argument("--numpy-only", action="store_true", help="CPU columns only")
+    ap.add_argument("--reps", type=int, default=5, help="back-to-back launches per level for kernel-only time")
+    ap.add_argument("--part", default="synthetic,replay,sweep")
     args = ap.parse_args()
-    table, problems = make_batch(args.rows, args.buckets, args.steps, args.options)
-    entries = plan_chunks(problems, 2**62, 1.0)
-    assert len(entries) == 1
-    chunk = build_chunk(entries[0], table)
-    cells = chunk.cells
     ok, why = cupy_available()
-    print(f"# {platform.node()} {platform.machine()}; numpy {np.__version__}; cupy: {'yes' if ok else why}")
-    print("| backend | rows | buckets | options | layer steps | time (s) | cell updates/s | effective GB/s | % of 4.8 TB/s | speed-up vs NumPy |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    t_np, ref = time_backend(NUMPY, chunk, 1 if not args.numpy_only else args.repeat)
-    rows = [("numpy", t_np)]
-    if ok and not args.numpy_only:
-        cupy_kernel = get_backend("cupy")
-        run_chunk(cupy_kernel, chunk)  # compile and warm up
-        t_k, got = time_backend(cupy_kernel, chunk, args.repeat)
-        assert np.array_equal(got, ref), "CuPy kernel results differ from NumPy"
-        cupy_xp = Backend("cupy", cupy_kernel.xp, "segments")
-        t_x, got_x = time_backend(cupy_xp, chunk, args.repeat)
-        assert np.array_equal(got_x, ref), "CuPy xp results differ from NumPy"
-        rows += [("cupy (CUDA kernel)", t_k), ("cupy (plain xp code)", t_x)]
-    for name, t in rows:
-        rate = cells / t
-        gbs = rate * BYTES_PER_CELL / 1e9
-        print(f"| {name} | {args.rows:,} | {args.buckets:,} | {args.options} | {args.steps} | {t:.4f} | {rate:.3e} | "
-              f"{gbs:,.1f} | {100 * gbs * 1e9 / H200_BANDWIDTH:.1f} | {t_np / t:.1f}x |")
-    print(f"\nresults bit-identical across backends: {'checked' if len(rows) > 1 else 'numpy only'}")
+    gpu = get_backend("cupy") if ok and not args.numpy_only else None
+    print(f"# {platform.node()} {platform.machine()}, {os.cpu_count()} CPU cores; numpy {np.__version__}; "
+          f"cupy: {'yes' if ok else why}; numba: {numba_available()[0]}; {time.strftime('%Y-%m-%d %H:%M')}")
+    peak = float("nan")
+    if gpu is not None:
+        cp = gpu.xp
+        props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+        name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+        peak = copy_peak(cp, (1 if args.quick else 4) * 2**30)
+        print(f"# device {name}; measured device-to-device copy: {peak / 1e9:,.0f} GB/s (read + write), "
+              "the peak every '% of copy peak' below is against", flush=True)
+    if "synthetic" in args.part:
+        synthetic_rows(args, gpu, peak)
+    if "replay" in args.part:
+        replay_rows(args, gpu, peak)
+    if "sweep" in args.part:
+        sweep_rows(args, gpu)
 
 
 if __name__ == "__main__":

@@ -93,8 +93,10 @@ def infeasible_ms() -> list:
 
 def run_worker(root: str) -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, HERE])}
-    code = ("import sys, json; sys.path[:0] = [%r, %r]; import bench_search; "
-            "print(json.dumps(bench_search.worker()))" % (root, HERE))
+    # gpuknap first, from root: _demo and _scale put this checkout on sys.path when imported
+    code = ("import sys, json; sys.path[:0] = [%r, %r]; import gpuknap; import bench_search; "
+            "out = bench_search.worker(); assert gpuknap.__file__.startswith(%r), gpuknap.__file__; "
+            "print(json.dumps(out))" % (root, HERE, root))
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=HERE)
     if p.returncode:
         raise SystemExit(p.stderr)
@@ -106,18 +108,42 @@ def fmt(cell) -> str:
     return "refused" if t is None else t if isinstance(t, str) else f"{t:.2g}" if t < 0.1 else f"{t:.2f}"
 
 
-def backend_rows(backends: list[str], rows: int) -> None:
-    """The first ``rows`` models of the table on each backend: time and the same optimum."""
-    sys.path[:0] = [ROOT, HERE]
-    from _scale import CASES, scale_model
+#: Models of the backend table: the scale models of the table above on devices small enough
+#: that their stages need the DP (at 80 GiB every stage fits its fastest options, so a
+#: comparison of backends there would compare no DP at all).
+DP_CASES = [(96, 4, 16, 12), (200, 16, 32, 24), (400, 16, 32, 40), (400, 64, 64, 32), (1000, 16, 64, 40)]
 
+
+def backend_rows(backends: list[str], rows: int) -> None:
+    """The first ``rows`` models of :data:`DP_CASES` on each backend: time, the same optimum,
+    and the DP each search did (knapsacks and cells: never zero)."""
+    sys.path[:0] = [ROOT, HERE]
+    from _scale import GIB, scale_model
+
+    import gpuknap.engine._solve as engine
     from gpuknap import best_splits
 
-    print("\n| L | options | P | " + " | ".join(f"{b}: slowest (s) | {b}: 1f1b (s)" for b in backends)
-          + " | same answers |")
-    print("|---:|---:|---:|" + "---:|---:|" * len(backends) + ":---:|")
-    for layers, options, stages, capacity in CASES[:rows]:
-        model = scale_model(layers, options, stages, capacity)
+    print("\n| L | options | P | capacity (GiB) | knapsacks | DP cells | "
+          + " | ".join(f"{b}: slowest (s) | {b}: 1f1b (s)" for b in backends) + " | same answers |")
+    print("|---:|---:|---:|---:|---:|---:|" + "---:|---:|" * len(backends) + ":---:|")
+    for layers, options, stages, capacity in DP_CASES[:rows]:
+        model = scale_model(layers, options, stages, capacity * GIB)
+        seen = [0, 0]
+        real = engine.build_chunk
+
+        def counting(entries, table):
+            chunk = real(entries, table)
+            seen[0] += sum(len(reads) for _, reads in entries)
+            seen[1] += chunk.cells
+            return chunk
+
+        engine.build_chunk = counting
+        try:
+            best_splits(model, stages, 1, "1f1b", 2**20, backend="numpy")
+        finally:
+            engine.build_chunk = real
+        if not seen[0]:
+            raise SystemExit(f"L={layers}, {options} options: no DP at {capacity} GiB, nothing to compare")
         cells, answers = [], []
         for b in backends:
             for score in ("slowest", "1f1b"):
@@ -126,15 +152,15 @@ def backend_rows(backends: list[str], rows: int) -> None:
                 cells.append(f"{t:.3f}")
                 answers.append((score, [(c, v) for c, v, _ in found]))
         same = all(a == answers[i % 2] for i, a in enumerate(answers))
-        print(f"| {layers} | {options} | {stages} | " + " | ".join(cells) + f" | {'yes' if same else 'NO'} |",
-              flush=True)
+        print(f"| {layers} | {options} | {stages} | {capacity} | {seen[0]:,} | {seen[1]:.3g} | " + " | ".join(cells)
+              + f" | {'yes' if same else 'NO'} |", flush=True)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--baseline", default="3c80c4f", help="revision to compare against (default: before issue 10)")
     ap.add_argument("--skip-baseline", action="store_true")
-    ap.add_argument("--backends", help="comma-separated backends: only the table's first --rows models on each")
+    ap.add_argument("--backends", help="comma-separated backends: the first --rows models of DP_CASES on each")
     ap.add_argument("--rows", type=int, default=4)
     args = ap.parse_args()
     import numpy as np

@@ -10,7 +10,7 @@ progress hook every long call goes through.  It imports nothing else of
 gpuknap: everything above (search, schedule, costs, formats, sweep, cli)
 builds on it.
 """
-from ._backend import BACKENDS, Backend, BackendUnavailable, cupy_available, get_backend
+from ._backend import BACKENDS, Backend, BackendUnavailable, cupy_available, get_backend, numba_available
 from ._options import (
                        MAX_BYTES,
                        MAX_TIME,
@@ -34,7 +34,7 @@ from ._problem import (
                        canonical,
                        verdict,
 )
-from ._rank import Ranking, rank
+from ._rank import Ranking, compact_codes, rank
 from ._results import Assignment, PipelineChoice, Stage, StageChoice
 from ._solve import Solved, check_max_bytes, solve_knapsacks, solve_problems
 from ._stage import Planner, check_stages, choose, least_times, pp_lite, suffix_times
@@ -51,11 +51,11 @@ from ._work import (
 )
 
 __all__ = [
-    "BACKENDS", "Backend", "BackendUnavailable", "cupy_available", "get_backend",
+    "BACKENDS", "Backend", "BackendUnavailable", "cupy_available", "get_backend", "numba_available",
     "MAX_BYTES", "MAX_TIME", "MEGABYTE", "Front", "FrontTable", "LayerOption", "Layers", "buckets_down",
     "buckets_up", "check_bucket", "check_int", "check_number",
     "FASTEST", "INFEASIBLE", "KNAPSACK", "StageProblem", "Verdict", "canonical", "verdict",
-    "Ranking", "rank", "Assignment", "PipelineChoice", "Stage", "StageChoice",
+    "Ranking", "compact_codes", "rank", "Assignment", "PipelineChoice", "Stage", "StageChoice",
     "Solved", "check_max_bytes", "solve_knapsacks", "solve_problems",
     "Planner", "check_stages", "choose", "least_times", "pp_lite", "suffix_times",
     "DEFAULT_MAX_CELLS", "MAX_TOP", "WorkTooLarge", "check_work", "format_bytes", "max_cells", "report",

@@ -10,7 +10,8 @@ capacity any problem below it reads, so rows narrow as stages fill up.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Hashable, Sequence
+from operator import itemgetter
+from typing import Hashable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -60,10 +61,15 @@ class Chunk:
         """Cell updates the chunk performs (rows x width summed over levels)."""
         return sum(lv.rows * lv.width for lv in self.levels)
 
+    @property
+    def work(self) -> int:
+        """Cell-options the chunk performs (each cell once per option of its row's step)."""
+        return sum((seg.stop - seg.start) * lv.width * len(seg.weights) for lv in self.levels for seg in lv.segments)
 
-@dataclass(frozen=True)
-class Knapsack:
-    """A problem to solve by DP: its ``runs`` of front keys, ``capacity`` and id."""
+
+class Knapsack(NamedTuple):
+    """A problem to solve by DP: its ``runs`` of front keys, ``capacity`` and id
+    (immutable; a named tuple, as a batch makes one per problem)."""
 
     runs: tuple
     capacity: int
@@ -104,26 +110,31 @@ def plan_chunks(problems: Sequence[Knapsack], max_bytes: int, bucket: float,
     target = max_bytes if target is None else min(target, max_bytes)
     by_runs: dict[tuple, list] = {}
     for p in problems:
-        by_runs.setdefault(p.runs, []).append((p.capacity, p.ident))
+        reads = by_runs.get(p.runs)
+        if reads is None:
+            by_runs[p.runs] = [(p.capacity, p.ident)]
+        else:
+            reads.append((p.capacity, p.ident))
     key_ids: dict[Hashable, int] = {}
+    coded = []
     for runs in by_runs:
-        for key, _ in runs:
-            key_ids.setdefault(key, len(key_ids))
-    ordered = sorted(by_runs, key=lambda runs: tuple((key_ids[k], n) for k, n in runs))
+        coded.append((tuple([(key_ids.setdefault(k, len(key_ids)), n) for k, n in runs]), runs))
+    coded.sort(key=itemgetter(0))
+    unit = row_bytes(0)
     chunks: list[list[tuple]] = []
     current: list[tuple] = []
     used = 0
-    previous, depth = (), 0  # the sequence before, and its steps
+    previous, depth = (), 0  # the sequence before (coded), and its steps
     work = 0  # the current chunk's passes, in steps x row bytes
     held = group = 0  # its working memory, counting a chain of sequences as one row; that row's bytes
-    for runs in ordered:
+    for code, runs in coded:
         reads = by_runs[runs]
-        need = row_bytes(max(c for c, _ in reads))
+        need = unit * (max([c for c, _ in reads]) + 1)
         if need > max_bytes:
-            raise ValueError(too_wide(need // row_bytes(0) - 1, max_bytes, bucket))
+            raise ValueError(too_wide(need // unit - 1, max_bytes, bucket))
         # A sequence that extends the previous one lies on its trie path: one row per level
         # for the whole chain, so against the limit it adds only what it widens that row by.
-        shared = _shared_steps(runs, previous)  # passes a cut here would compute again
+        shared = _shared_steps(code, previous)  # passes a cut here would compute again
         chained = bool(current) and shared == depth  # it extends the previous sequence
         grows = max(need - group, 0) if chained else need
         if current and (held + grows > max_bytes
@@ -131,7 +142,10 @@ def plan_chunks(problems: Sequence[Knapsack], max_bytes: int, bucket: float,
             chunks.append(current)
             current, used, work, shared, held, chained, grows = [], 0, 0, 0, 0, False, need
         group = max(group, need) if chained else need
-        previous, depth = runs, sum(n for _, n in runs)
+        depth = 0
+        for _, n in code:
+            depth += n
+        previous = code
         current.append((runs, reads))
         used += need
         held += grows
@@ -161,68 +175,108 @@ def _source_row(parents: np.ndarray) -> int:
 
 
 def build_chunk(entries: Sequence[tuple], table: FrontTable) -> Chunk:
-    """Build the trie levels of one chunk of ``(runs, reads)`` entries."""
-    parent = [-1]
-    step = [-1]
-    depth = [0]
-    need = [-1]
-    reads_at: dict[int, list] = {}
-    children: dict[tuple, int] = {}
+    """Build the trie levels of one chunk of ``(runs, reads)`` entries.
+
+    The entries are ordered by their runs (as :func:`plan_chunks` orders them):
+    then the steps a sequence shares with any earlier one are those it shares
+    with the one just before, so only that pair is compared, run by run, and
+    the sequence's new nodes are numbered in one go; parents, steps and widths
+    are then array operations over all nodes.
+    """
     key_ids: dict[Hashable, int] = {}
     keys: list[Hashable] = []
+    coded = []
     for runs, reads in entries:
-        node = 0
+        row = []
         for key, count in runs:
             sid = key_ids.get(key)
             if sid is None:
                 sid = key_ids[key] = len(keys)
                 keys.append(key)
-            for _ in range(count):
-                child = children.get((node, sid))
-                if child is None:
-                    child = children[(node, sid)] = len(parent)
-                    parent.append(node)
-                    step.append(sid)
-                    depth.append(depth[node] + 1)
-                    need.append(-1)
-                node = child
-        need[node] = max(need[node], max(c for c, _ in reads))
-        reads_at.setdefault(node, []).extend(reads)
-    for node in range(len(parent) - 1, 0, -1):
-        if need[node] > need[parent[node]]:
-            need[parent[node]] = need[node]
-    parent_a = np.asarray(parent)
-    step_a = np.asarray(step)
-    depth_a = np.asarray(depth)
-    need_a = np.asarray(need)
-    fronts = [table.get(*k) for k in keys]
+            row.append((sid, count))
+        coded.append((tuple(row), reads))
+    coded.sort(key=lambda entry: entry[0])
+    path = [0]  # the node at each depth of the sequence before
+    previous: tuple = ()
+    count = steps = 0  # nodes numbered so far (after the root), steps of every sequence so far
+    first_parent, shared_at, news, seq_from = [], [], [], []
+    run_sids, run_counts = [], []
+    read_node, read_cap, read_id = [], [], []
+    for runs, reads in coded:
+        shared = 0
+        for (sid, n), (other, m) in zip(runs, previous):
+            if sid != other:
+                break
+            shared += min(n, m)
+            if n != m:
+                break
+        depth = 0
+        for sid, n in runs:
+            run_sids.append(sid)
+            run_counts.append(n)
+            depth += n
+        if depth > shared:  # new nodes count + 1 .. count + new at depths shared + 1 .. depth
+            first_parent.append(path[shared])
+            shared_at.append(shared)
+            news.append(depth - shared)
+            seq_from.append(steps + shared)
+            del path[shared + 1:]
+            path.extend(range(count + 1, count + 1 + depth - shared))
+            count += depth - shared
+        elif len(path) > depth + 1:
+            del path[depth + 1:]
+        steps += depth
+        end = path[depth]
+        for cap, ident in reads:
+            read_node.append(end)
+            read_cap.append(cap)
+            read_id.append(ident)
+        previous = runs
+    news_a = np.asarray(news, dtype=np.int64)
+    within = np.arange(count, dtype=np.int64) - np.repeat(np.cumsum(news_a) - news_a, news_a)  # 0.. per sequence
+    parent = np.concatenate(([-1], np.arange(count, dtype=np.int64)))  # node i + 1 follows node i ...
+    firsts = np.cumsum(news_a) - news_a + 1
+    parent[firsts] = first_parent  # ... except the first new node of each sequence
+    depth = np.concatenate(([0], np.repeat(np.asarray(shared_at, dtype=np.int64), news_a) + within + 1))
+    flat = np.repeat(np.asarray(run_sids, dtype=np.int64), np.asarray(run_counts, dtype=np.int64))
+    step = np.concatenate(([-1], flat[np.repeat(np.asarray(seq_from, dtype=np.int64), news_a) + within]))
+    return _levels_of(parent, step, depth, np.asarray(read_node, dtype=np.int64),
+                      np.asarray(read_cap, dtype=np.int64), np.asarray(read_id, dtype=np.int64),
+                      [table.get(*k) for k in keys])
+
+
+def _levels_of(parent: np.ndarray, step: np.ndarray, depth: np.ndarray, read_node: np.ndarray,
+               read_cap: np.ndarray, read_id: np.ndarray, fronts: list) -> Chunk:
+    """A chunk's levels from its trie (``parent``, ``step`` and ``depth`` of every node, node 0
+    the root; a parent is numbered before its children) and its readouts ``(node, capacity, id)``."""
+    need = np.full(len(parent), -1, dtype=np.int64)
+    np.maximum.at(need, read_node, read_cap)
+    order = np.argsort(depth, kind="stable")
+    bounds = np.searchsorted(depth[order], np.arange(int(depth.max()) + 2))
+    for d in range(len(bounds) - 2, 0, -1):  # the widest capacity read below each node
+        nodes = order[bounds[d]:bounds[d + 1]]
+        np.maximum.at(need, parent[nodes], need[nodes])
     row_of = np.zeros(len(parent), dtype=np.int64)
     levels = []
-    for d in range(1, int(depth_a.max()) + 1):
-        nodes = np.flatnonzero(depth_a == d)
-        nodes = nodes[np.lexsort((row_of[parent_a[nodes]], step_a[nodes]))]
+    for d in range(1, len(bounds) - 1):
+        nodes = order[bounds[d]:bounds[d + 1]]
+        nodes = nodes[np.lexsort((row_of[parent[nodes]], step[nodes]))]
         row_of[nodes] = np.arange(len(nodes))
-        steps = step_a[nodes]
+        steps = step[nodes]
         cuts = np.flatnonzero(np.diff(steps)) + 1
         starts = np.concatenate(([0], cuts))
         stops = np.concatenate((cuts, [len(nodes)]))
-        parents = row_of[parent_a[nodes]]
+        parents = row_of[parent[nodes]]
         segments = [
             Segment(int(a), int(b), fronts[steps[a]].weights, fronts[steps[a]].times, _source_row(parents[a:b]))
             for a, b in zip(starts.tolist(), stops.tolist())
         ]
-        rr, rc, ri = [], [], []
-        for r, node in enumerate(nodes.tolist()):
-            for cap, ident in reads_at.get(node, ()):
-                rr.append(r)
-                rc.append(cap)
-                ri.append(ident)
-        levels.append(Level(
-            parent=parents.copy(),
-            width=int(need_a[nodes].max()) + 1,
-            segments=segments,
-            read_rows=np.asarray(rr, dtype=np.int64),
-            read_cols=np.asarray(rc, dtype=np.int64),
-            read_ids=np.asarray(ri, dtype=np.int64),
-        ))
-    return Chunk(root_width=int(need_a.max()) + 1, levels=levels)
+        levels.append(Level(parent=parents, width=int(need[nodes].max()) + 1, segments=segments,
+                            read_rows=np.empty(0, dtype=np.int64), read_cols=np.empty(0, dtype=np.int64),
+                            read_ids=np.empty(0, dtype=np.int64)))
+    at = np.lexsort((row_of[read_node], depth[read_node]))  # readouts by level, then row (stable: entry order)
+    cuts = np.searchsorted(depth[read_node][at], np.arange(1, len(levels) + 2))
+    for d, lv in enumerate(levels):
+        mine = at[cuts[d]:cuts[d + 1]]
+        lv.read_rows, lv.read_cols, lv.read_ids = row_of[read_node[mine]], read_cap[mine], read_id[mine]
+    return Chunk(root_width=int(need.max()) + 1, levels=levels)

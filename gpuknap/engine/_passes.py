@@ -13,6 +13,11 @@ implementation that performs the same additions (the CuPy kernel in
 
 Rows are grouped in *segments*, contiguous row ranges that share one step
 (one kind at one in-flight count), so the plain xp code shifts whole blocks.
+
+:func:`pass_level_xp` is that plain code, the reference every other pass is
+tested against.  :func:`pass_level`, what the single-stage solvers call, is
+the same pass on NumPy arrays, handed to the fused CPU pass (:mod:`._cpu`)
+once the backend has loaded it, for levels large enough to pay for the call.
 """
 from __future__ import annotations
 
@@ -37,7 +42,29 @@ class Segment:
     source: int = -1
 
 
+#: The fused CPU pass's module, set by the backend once it has loaded and checked it.
+FUSED: Any = None
+#: Least work (cells x options) of a level :func:`pass_level` hands to the fused pass.
+FUSED_WORK = 1 << 16
+
+
 def pass_level(xp: Any, prev: Any, parent: Any, width: int, segments: Sequence[Segment]) -> Any:
+    """One layer step for every row of a level: :func:`pass_level_xp`, or on NumPy arrays
+    the fused CPU pass once loaded (bit-identical) when the level is large enough."""
+    if FUSED is not None and xp is np:
+        rows = prev.shape[0] if parent is None else len(parent)
+        if rows * width * max((len(seg.weights) for seg in segments), default=0) >= FUSED_WORK:
+            return FUSED.pass_level(prev, parent, _Level(width, segments))
+    return pass_level_xp(xp, prev, parent, width, segments)
+
+
+@dataclass(frozen=True)
+class _Level:
+    width: int
+    segments: Sequence[Segment]
+
+
+def pass_level_xp(xp: Any, prev: Any, parent: Any, width: int, segments: Sequence[Segment]) -> Any:
     """One layer step for every row of a level (plain xp code).
 
     ``prev`` is ``[rows_prev, width_prev]`` with ``width_prev >= width``;
@@ -90,7 +117,7 @@ def _gather(xp: Any, prev: Any, parent: Any, width: int, view_only: bool = False
 
 
 def pass_level_tables(xp: Any, prev: Any, parent: Any, weights: Any, times: Any, width: int) -> Any:
-    """The same pass as :func:`pass_level`, reading per-row option tables.
+    """The same pass as :func:`pass_level_xp`, reading per-row option tables.
 
     ``weights``/``times`` are ``[rows, O]`` (see :func:`option_tables`); this is
     the plain-xp twin of the CUDA kernel, used to test the table path anywhere.

@@ -21,6 +21,18 @@ from ._solve import check_max_bytes, solve_problems
 from ._stage import Planner, check_stages
 
 
+#: Candidates handled at a time when a whole batch's stage times would make a large temporary.
+BLOCK = 1 << 15
+
+
+def compact_codes(codes: np.ndarray, distinct: int) -> np.ndarray:
+    """``codes`` (values below ``distinct``) in the smallest unsigned integer type that holds them."""
+    for dtype in (np.uint8, np.uint16, np.uint32):
+        if distinct <= np.iinfo(dtype).max + 1:
+            return codes.astype(dtype, copy=False)
+    return codes.astype(np.int64, copy=False)
+
+
 class Ranking:
     """Scores of a batch of candidates.
 
@@ -28,23 +40,55 @@ class Ranking:
     has no choice); ``order`` lists candidates best first (ties by index);
     ``times(i)`` and ``choice(i)`` give the per-stage times and the full
     :class:`PipelineChoice` (rebuilt on demand with ``pp_lite``).
+
+    Kept compactly: per stage of every candidate, a small integer code into the
+    distinct stage times (``values``); the times of a candidate's stages are
+    looked up on demand.  ``stages``: the candidates' stage counts as offsets
+    ``[B + 1]`` into the codes, or one int when every candidate has that many.
     """
 
-    def __init__(self, stage_times: np.ndarray, offsets: np.ndarray, rebuild: Any):
-        self._stage_times = stage_times
-        self._offsets = offsets
+    def __init__(self, codes: np.ndarray, values: np.ndarray, stages: "int | np.ndarray", rebuild: Any):
+        self._codes = codes
+        self._values = np.asarray(values, dtype=np.float64)
         self._rebuild = rebuild
-        n = len(offsets) - 1
-        if n and len(stage_times):
-            slowest = np.maximum.reduceat(stage_times, offsets[:-1])
+        if isinstance(stages, (int, np.integer)):
+            self._p, self._offsets = int(stages), None
+            n = len(codes) // max(int(stages), 1)
         else:
-            slowest = np.full(n, np.inf)
-        self.slowest = np.asarray(slowest, dtype=np.float64)
+            self._p, self._offsets = None, np.asarray(stages, dtype=np.int64)
+            n = len(self._offsets) - 1
+        self._n = n
+        self.slowest = self._slowest()
         self.slowest.setflags(write=False)
         self._order: np.ndarray | None = None
 
+    def _bounds(self, i: int) -> tuple[int, int]:
+        if self._offsets is None:
+            return i * self._p, (i + 1) * self._p
+        return int(self._offsets[i]), int(self._offsets[i + 1])
+
+    def _slowest(self) -> np.ndarray:
+        """Each candidate's slowest stage, a block of candidates at a time (with codes
+        numbered by time, the largest code of a candidate is its slowest stage)."""
+        out = np.full(self._n, np.inf)
+        by_time = bool((self._values[1:] >= self._values[:-1]).all())
+        for lo in range(0, self._n, BLOCK):
+            hi = min(lo + BLOCK, self._n)
+            a, b = self._bounds(lo)[0], self._bounds(hi - 1)[1]
+            if b <= a:
+                continue
+            if self._offsets is None and by_time:
+                out[lo:hi] = self._values[self._codes[a:b].reshape(hi - lo, self._p).max(axis=1)]
+                continue
+            times = self._values[self._codes[a:b]]
+            if self._offsets is None:
+                out[lo:hi] = times.reshape(hi - lo, self._p).max(axis=1)
+            else:
+                out[lo:hi] = np.maximum.reduceat(times, self._offsets[lo:hi] - a)
+        return out
+
     def __len__(self) -> int:
-        return len(self._offsets) - 1
+        return self._n
 
     @property
     def order(self) -> np.ndarray:
@@ -62,17 +106,19 @@ class Ranking:
     def stage_table(self) -> np.ndarray:
         """Per-stage times of every candidate as ``[B, P]`` (candidates of P stages each;
         a stage without a choice is ``inf``)."""
-        sizes = np.diff(self._offsets)
-        if len(sizes) and (sizes != sizes[0]).any():
-            raise ValueError("stage_table needs candidates with the same number of stages")
-        return np.asarray(self._stage_times, dtype=np.float64).reshape(len(self), -1)
+        if self._offsets is not None:
+            sizes = np.diff(self._offsets)
+            if len(sizes) and (sizes != sizes[0]).any():
+                raise ValueError("stage_table needs candidates with the same number of stages")
+        return self._values[self._codes].reshape(len(self), -1)
 
     def times(self, i: int) -> list[float] | None:
         """Per-stage times of candidate ``i`` (fixed time included), or None."""
         i = self._index(i)
         if np.isinf(self.slowest[i]):
             return None
-        return self._stage_times[self._offsets[i]:self._offsets[i + 1]].tolist()
+        a, b = self._bounds(i)
+        return self._values[self._codes[a:b]].tolist()
 
     def choice(self, i: int) -> PipelineChoice | None:
         """The :class:`PipelineChoice` of candidate ``i`` (equal to ``pp_lite``), or None."""
@@ -179,6 +225,11 @@ def rank(candidates: Sequence[Sequence[Stage]], fronts: Mapping[Hashable, Sequen
         where = lambda i: int(np.argmax(objects == i))  # noqa: E731 - only for error messages
         stage_keys, problems, key_problem, key_fixed = _dedup(distinct, offsets, table, where)
     values = solve_problems(problems, table, backend, max_bytes)
-    stage_times = (values[key_problem] + key_fixed)[stage_keys][objects]
+    key_times = values[key_problem] + key_fixed
+    order = np.argsort(key_times, kind="stable")  # codes numbered by time
+    rank_of = np.empty(len(order), dtype=np.int64)
+    rank_of[order] = np.arange(len(order))
+    codes = compact_codes(rank_of[stage_keys][objects], len(key_times))
+    key_times = key_times[order]
     plan = Planner(fronts, bucket)  # choices of many candidates share their stages
-    return Ranking(stage_times, np.asarray(offsets, dtype=np.int64), lambda i: plan(candidates[i]))
+    return Ranking(codes, key_times, np.asarray(offsets, dtype=np.int64), lambda i: plan(candidates[i]))

@@ -48,9 +48,14 @@ def _upload(backend: Backend, chunk: Chunk) -> list[tuple]:
     return out
 
 
-def run_chunk(backend: Backend, chunk: Chunk, on_level: Callable[[int], None] | None = None) -> np.ndarray:
+def run_chunk(backend: Backend, chunk: Chunk, on_level: Callable[[int], None] | None = None,
+              fused: Any = None, workspace: Any = None) -> np.ndarray:
     """All readouts of a chunk, in the order of its levels' ``read_ids``;
-    ``on_level(cells)`` is called after each level."""
+    ``on_level(cells)`` is called after each level (each group of levels when fused).
+    ``fused``: the compiled CPU pass's module (:meth:`Backend.fused`), which then runs
+    the whole chunk, reusing the buffers of ``workspace``."""
+    if fused is not None:
+        return fused.run_chunk(chunk, on_level, workspace)
     xp = backend.xp
     prev = xp.zeros((1, chunk.root_width), dtype=xp.float64)
     values = []
@@ -88,9 +93,11 @@ def solve_knapsacks(problems: Sequence[Knapsack], table: FrontTable, backend: Ba
         done += cells
         report("DP passes", done, total)
 
+    fused = backend.fused(lambda: sum(chunk.work for chunk in chunks))
+    workspace = fused.Workspace() if fused is not None else None
     for chunk in chunks:
         ids = np.concatenate([lv.read_ids for lv in chunk.levels])
-        values[ids] = run_chunk(backend, chunk, tick)
+        values[ids] = run_chunk(backend, chunk, tick, fused, workspace)
     return values
 
 
@@ -108,21 +115,24 @@ def solve_problems(problems: Sequence[StageProblem], table: FrontTable, backend:
     whose times are taken from there; the problems solved now are added to it
     (the rounds of a search)."""
     values = np.full(len(problems), np.inf)
-    knapsacks = []
-    new = []
     times = known.times() if known else None
-    for ident, problem in enumerate(problems):
-        if times is not None:
-            t = times.get(problem)
-            if t is not None:
-                values[ident] = t
-                continue
-        new.append(ident)
-        how = verdict(problem, table) if verdicts is None else verdicts[ident]
-        if how.kind == FASTEST:
-            values[ident] = how.time
-        elif how.kind == KNAPSACK:
-            knapsacks.append(Knapsack(problem.runs, how.capacity, ident))
+    if times:  # problems solved in an earlier round keep their time
+        found = [times.get(problem) for problem in problems]
+        new = [i for i, t in enumerate(found) if t is None]
+        old = [i for i, t in enumerate(found) if t is not None]
+        values[old] = [found[i] for i in old]
+    else:
+        new = range(len(problems))
+    knapsacks, fast, fast_times = [], [], []
+    for ident in new:
+        how = verdict(problems[ident], table) if verdicts is None else verdicts[ident]
+        kind = how.kind
+        if kind == KNAPSACK:
+            knapsacks.append(Knapsack(problems[ident].runs, how.capacity, ident))
+        elif kind == FASTEST:
+            fast.append(ident)
+            fast_times.append(how.time)
+    values[fast] = fast_times
     if knapsacks:
         solved = solve_knapsacks(knapsacks, table, get_backend(backend), max_bytes, len(problems))
         idents = [k.ident for k in knapsacks]

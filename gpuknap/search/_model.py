@@ -43,6 +43,8 @@ MAX_LAYERS = 1_000_000
 STAGE_CACHE = 1 << 18
 #: Most micro-batches (and so in-flight counts) a model may have.
 MAX_IN_FLIGHT = 1_000_000
+#: Rows of a splits array validated at a time.
+SPLIT_BLOCK = 1 << 15
 
 
 @dataclass(frozen=True)
@@ -211,9 +213,15 @@ class PipelineModel:
         return names
 
     def check_splits(self, splits: Any, chunks: int = 1, where: Any = None) -> np.ndarray:
-        """Validate an integer array ``[B, P * chunks]`` of layer counts.
+        """Validate an integer array ``[B, P * chunks]`` of layer counts (returned as int64).
 
         Errors name a row as ``where(row)`` (default ``"splits row i"``)."""
+        return self._valid_splits(splits, chunks, where).astype(np.int64, copy=False)
+
+    def _valid_splits(self, splits: Any, chunks: int = 1, where: Any = None, rows: bool = True) -> np.ndarray:
+        """:meth:`check_splits` without converting the array: checked a block of rows at a
+        time, so no copy of a large batch is made (integer or integral float dtypes).
+        ``rows=False``: the shape and dtype only (the caller checks the rows as it reads them)."""
         where = where or (lambda row: f"splits row {row}")
         check_int(chunks, "chunks", 1)
         try:
@@ -222,46 +230,51 @@ class PipelineModel:
             raise ValueError("splits must be a 2-D integer array [B, P*chunks] (rows of equal length)") from None
         if arr.ndim != 2 or arr.shape[1] == 0 or arr.shape[1] % chunks:
             raise ValueError(f"splits must be a 2-D integer array [B, P*chunks], got shape {arr.shape}")
-        if arr.dtype.kind not in "iu":
-            if arr.dtype.kind == "f" and np.isfinite(arr).all() and (arr == np.round(arr)).all():
-                arr = np.clip(arr, -1, self.layers + 1).astype(np.int64)  # out-of-range counts stay out of range
-            else:
-                raise ValueError(f"splits must hold integer layer counts, got dtype {arr.dtype}")
-        elif arr.dtype.kind == "u" or arr.dtype.itemsize > 8:
-            arr = np.clip(arr, 0, self.layers + 1)
-        arr = arr.astype(np.int64, copy=False)
-        bad = np.flatnonzero(arr.min(axis=1, initial=1) < 1) if arr.size else np.empty(0, np.int64)
+        if arr.dtype.kind not in "iuf":
+            raise ValueError(f"splits must hold integer layer counts, got dtype {arr.dtype}")
+        for lo in range(0, len(arr) if rows else 0, SPLIT_BLOCK):
+            self._check_block(arr[lo:lo + SPLIT_BLOCK], lo, where)
+        return arr
+
+    def _check_block(self, block: np.ndarray, lo: int, where: Any) -> None:
+        """Validate rows ``lo:lo + len(block)`` of a splits array."""
+        if block.dtype.kind == "f":
+            if not (np.isfinite(block).all() and (block == np.round(block)).all()):
+                raise ValueError(f"splits must hold integer layer counts, got dtype {block.dtype}")
+            block = np.clip(block, -1, self.layers + 1).astype(np.int64)  # out-of-range counts stay out of range
+        elif block.dtype.kind == "u" or block.dtype.itemsize > 8:
+            block = np.clip(block, 0, self.layers + 1)
+        block = block.astype(np.int64, copy=False)
+        bad = np.flatnonzero(block.min(axis=1, initial=1) < 1) if block.size else np.empty(0, np.int64)
         if len(bad):
             row = int(bad[0])
-            raise ValueError(f"{where(row)} has a count < 1: {arr[row].tolist()}")
-        arr = np.minimum(arr, self.layers + 1)  # no int64 overflow in the sums below
-        sums = arr.sum(axis=1)
+            raise ValueError(f"{where(lo + row)} has a count < 1: {block[row].tolist()}")
+        sums = np.minimum(block, self.layers + 1).sum(axis=1)  # no int64 overflow in the sums
         bad = np.flatnonzero(sums != self.layers)
         if len(bad):
             row = int(bad[0])
-            raise ValueError(f"{where(row)} sums to {int(sums[row])}, the model has {self.layers} layers")
-        return arr
+            raise ValueError(f"{where(lo + row)} sums to {int(sums[row])}, the model has {self.layers} layers")
 
     def rank(self, splits: Any, bucket: float | None = None, backend: Any = "auto",
              in_flight: Any = None, chunks: int = 1, max_bytes: int | None = None) -> Ranking:
         """Score every row of ``splits`` (``[B, P]`` layer counts) as ``pp_lite(self.stages(row))``.
 
         Rows are packed straight into the batch: each distinct (stage, start,
-        end) segment becomes one stage problem, solved once.
+        end) segment becomes one stage problem, solved once.  The splits are
+        neither copied nor kept: the ranking holds a small code per stage.
         """
         bucket = check_bucket(MEGABYTE if bucket is None else bucket)
         get_backend(backend)  # a bad backend or max_bytes fails whatever the data
         if max_bytes is not None:
             check_max_bytes(max_bytes)
-        arr = self.check_splits(splits, chunks)
-        batch, width = arr.shape
-        p = width // chunks
+        arr = self._valid_splits(splits, chunks, rows=chunks > 1)  # not copied; plain rows checked as read
+        p = arr.shape[1] // chunks
         table = self.in_flight_table(p, chunks, in_flight)
 
         plan = Planner(self.fronts, bucket)  # choices of many rows share their stages
 
-        def rebuild(i):
-            return plan(self.stages(arr[i].tolist(), in_flight, chunks))
+        def rebuild(counts: list) -> Any:
+            return plan(self.stages(counts, in_flight, chunks))
 
         if chunks > 1:  # devices hold several chunks: one stage problem per distinct (stage, segments)
             return rank_interleaved(self, arr, p, chunks, table, bucket, backend, max_bytes, rebuild)

@@ -77,33 +77,30 @@ class _Job:
 
 def _joint(jobs: list, backend: Any, max_bytes: int | None) -> None:
     """Run every job's rounds; each round, the problems of all jobs still searching are
-    deduplicated across jobs and solved together: one engine call per distinct set of
-    options (jobs whose options are equal, whatever their P, M or budgets, share one
-    front table and so DP chains; keeping different options apart keeps each batch's rows
-    of similar width).  Problems solved in an earlier round are not solved twice."""
+    solved together: one engine call per distinct set of options (jobs whose options are
+    equal, whatever their P, M or budgets, share one front table and so DP chains; keeping
+    different options apart keeps each batch's rows of similar width).  Jobs' problems are
+    concatenated, not matched one by one: two configurations almost never pose the same
+    problem (a budget depends on the data-parallel size, an in-flight count on P and M),
+    and a problem listed twice costs one more readout of the same DP row.  Problems solved
+    in an earlier round are not solved twice."""
     solve = Solver(backend, max_bytes)
     active = list(jobs)
     while active:
-        batches: dict[int, tuple] = {}  # id(front table) -> (front table, problem index, problems, verdicts)
+        batches: dict[int, tuple] = {}  # id(front table) -> (front table, problems, verdicts)
         where = []
         for job in active:
             spots = []
             for fronts, problems, verdicts in job.plan():
-                _, index, merged, judged = batches.setdefault(id(fronts), (fronts, {}, [], []))
-                local = np.empty(len(problems), dtype=np.int64)
-                for i, (problem, how) in enumerate(zip(problems, verdicts)):
-                    at = index.get(problem)
-                    if at is None:
-                        at = index[problem] = len(merged)
-                        merged.append(problem)
-                        judged.append(how)
-                    local[i] = at
-                spots.append((id(fronts), local))
+                _, merged, judged = batches.setdefault(id(fronts), (fronts, [], []))
+                spots.append((id(fronts), len(merged), len(problems)))
+                merged.extend(problems)
+                judged.extend(verdicts)
             where.append(spots)
         keys = list(batches)
-        solved = dict(zip(keys, solve([(fronts, merged, judged) for fronts, _, merged, judged in
-                                       (batches[k] for k in keys)])))
-        active = [job for job, spots in zip(active, where) if not job.step([solved[k][local] for k, local in spots])]
+        solved = dict(zip(keys, solve([batches[k] for k in keys])))
+        active = [job for job, spots in zip(active, where)
+                  if not job.step([solved[k][at:at + n] for k, at, n in spots])]
         report("configurations", len(jobs) - len(active), len(jobs))
 
 

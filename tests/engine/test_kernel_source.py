@@ -10,7 +10,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from gpuknap.engine._passes import Segment, option_tables, pass_level
+from gpuknap.engine._passes import Segment, option_tables, pass_level_xp
 
 CXX = shutil.which("g++") or shutil.which("c++")
 pytestmark = pytest.mark.skipif(CXX is None, reason="no C++ compiler to build the kernel source for the CPU")
@@ -88,6 +88,6 @@ def test_kernel_source_equals_numpy_pass(kernel, seed, max_y):
         segments.append(Segment(a, b, ws, rng.uniform(0, 9, n)))
         a = b
     weights, times = option_tables(segments, rows)
-    want = pass_level(np, prev, parent, width, segments)
+    want = pass_level_xp(np, prev, parent, width, segments)
     got = run_kernel(kernel, np.ascontiguousarray(prev), parent, weights, times, width, max_y)
     assert np.array_equal(got, want)
