@@ -15,6 +15,8 @@ from ._best import (
     interleaved_counts,
     interleaved_rounds,
 )
+from ._constrained import constrained_splits
+from ._patterns import FRAMEWORKS, GROUPED, Pattern, Rule, framework_rule, with_grouped
 from ._classify import KindIndex, classify, kind_counts, kind_index
 from ._interleaved import TupleSource, counts_of, one_body_kind
 from ._model import MAX_IN_FLIGHT, MAX_LAYERS, PipelineModel
@@ -38,4 +40,5 @@ __all__ = [
     "Found", "Score", "Solver", "certified_rounds", "first_limit", "run_rounds",
     "SegmentPlan", "SegmentTable", "coverage", "fastest_prefix", "plan_segments", "segment_table",
     "segment_times", "exact_score", "score_of",
+    "FRAMEWORKS", "GROUPED", "Pattern", "Rule", "constrained_splits", "framework_rule", "with_grouped",
 ]
