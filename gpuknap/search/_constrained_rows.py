@@ -26,10 +26,10 @@ from typing import Any
 
 import numpy as np
 
-from ..engine import Layers, Planner, Stage
+from ..engine import MEGABYTE, Layers, Planner, Stage
 from ..schedule import iteration_times
 from ._classify import kind_counts
-from ._patterns import GROUPED, Layout, Pattern, Rule, _score, decoder_kinds, in_order, with_grouped
+from ._patterns import GROUPED, Layout, Pattern, Rule, _score, decoder_kinds, framework_rule, in_order, with_grouped
 from ._interleaved import _tuples, counts_of, even_split, local_search, one_body_kind
 from ._rounds import Found
 from ._segments import SegmentTable
@@ -183,7 +183,8 @@ class Rows:
                                 np.inf)
         out = np.full(len(times), np.inf)
         if ok.any():
-            out[ok] = iteration_times(fwd[ok], bwd[ok], self.model.micro_batches, "interleaved")
+            out[ok] = iteration_times(fwd[ok], bwd[ok], self.model.micro_batches,
+                                      "interleaved" if self.v > 1 else "1f1b")
         return out
 
     def evaluate(self, rows: np.ndarray) -> tuple[np.ndarray, list]:
@@ -274,3 +275,24 @@ class Rows:
             for kind in model.kinds[bounds[i]:bounds[i + 1]]:
                 names.append(queues[(s, kind, c) if kind in dec else (s, kind)].pop(0))
         return in_order(model, counts, names, self.rule.levels)
+
+
+def best_on_split(model: Any, counts: Any, framework: str, chunks: int = 1, in_flight: Any = None,
+                  bucket: float = MEGABYTE) -> list | None:
+    """Every layer's option under the fastest settings ``framework`` can express on this split (the
+    best single setting for Megatron, each stage's best for MindFormers), or None when a stage
+    fits none."""
+    counts = model.check_counts(list(counts), chunks)
+    p = len(counts) // chunks
+    dec = set(decoder_kinds(model))
+    bounds = np.concatenate(([0], np.cumsum(counts))).tolist()
+    longest = max(sum(k in dec for k in model.kinds[a:b]) for a, b in zip(bounds, bounds[1:]))
+    rule = framework_rule(model, framework, max(longest, 1))
+    model = with_grouped(model) if any(GROUPED in pat.names() for pat in rule.patterns) else model
+    table = model.in_flight_table(p, chunks, in_flight)
+    lay = Layout(model, model.layers, [k for row in table for k in row])  # no tables: one-layer width
+    rows = Rows(model, rule, lay, p, chunks, table, in_flight, bucket, "slowest")
+    row = np.array([counts], dtype=np.int64)
+    if not np.isfinite(rows.scores(row)[0]):
+        return None
+    return rows.plan(row)[0]

@@ -123,8 +123,8 @@ def framework_rule(model: Any, framework: str, longest: int | None = None) -> Ru
                      for k in dec}
             if entry != same("NONE") and all(entry != p.cycle[0] for p in out):
                 out.append(Pattern(("selective", mods), (), (entry,)))
-        out += [Pattern(("block", n), (same("FULL"),) * n, (same("NONE"),)) for n in range(1, longest)]
         out.append(Pattern(("uniform", 1), (), (same("FULL"),)))
+        out += [Pattern(("block", n), (same("FULL"),) * n, (same("NONE"),)) for n in range(1, longest)]
         out += [Pattern(("uniform", n), (), (same("FULL"),) + (same(GROUPED),) * (n - 1))
                 for n in range(2, longest + 1)]
         return _checked(Rule(framework, tuple(p for p in out if valid(p)), False), dec, names, "Megatron")
@@ -270,6 +270,22 @@ class Layout:
                     out.append(getattr(self.model.fronts[kind][0], "name", None))
             start += n
         return out
+
+
+def apply(model: Any, counts: Any, patterns: Any) -> list:
+    """Every layer's option name for a split whose segment i runs ``patterns[i]`` (decoder layers
+    by their position in the segment; other layers their only option)."""
+    dec, out, start = set(decoder_kinds(model)), [], 0
+    for n, pattern in zip(counts, patterns):
+        pos = 0
+        for kind in model.kinds[start:start + n]:
+            if kind in dec:
+                out.append(pattern.slots[pattern.slot(pos)][kind])
+                pos += 1
+            else:
+                out.append(getattr(model.fronts[kind][0], "name", None))
+        start += n
+    return out
 
 
 def forward_prefix(model: Any) -> np.ndarray:
