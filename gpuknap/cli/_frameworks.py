@@ -39,10 +39,11 @@ def best_emit(args: argparse.Namespace, spec: Any, stages: int, chunks: int, in_
     if args.bound:
         raise ValueError(f"--bound: certifies the unconstrained search's bucketing; the {name}-constrained search "
                          "compares exact bytes (drop --bound or --emit)")
+    free = best_splits(model, stages, 1, args.score, spec.bucket, backend, in_flight, max_bytes, interleave=chunks)
     try:
         mtp = formats.mtp_layers(spec.source)
         found = constrained_splits(model, stages, name, args.top, args.score, spec.bucket, backend, in_flight,
-                                   max_bytes, chunks)
+                                   max_bytes, chunks, [f[0] for f in free])
     except ValueError as exc:
         raise _bad(exc, where) from None
     shape = f"{stages} stages" + (f" x {chunks} chunks" if chunks > 1 else "")
@@ -52,10 +53,9 @@ def best_emit(args: argparse.Namespace, spec: Any, stages: int, chunks: int, in_
         emit(payload, f"no feasible split of {spec.name} into {shape} fits the device memory with settings "
                       f"{name} runs as written")
         return EXIT_INFEASIBLE
-    free = best_splits(model, stages, 1, args.score, spec.bucket, backend, in_flight, max_bytes, interleave=chunks)
     counts, value, names, _ = found[0]
     exact = getattr(found, "exact", True)
-    search = "exact" if exact else f"local search, not proven optimal (the optimum is at least {found.lower_bound:.6g})"
+    search = "exact" if exact else f"a local search, not proven optimal; the optimum is at least {found.lower_bound:.6g}"
     notes = [f"framework-constrained search ({search}): {args.score} {value:.6g}"]
     if free:
         cost = value - free[0][1]

@@ -121,11 +121,12 @@ def plain_constrained(model: PipelineModel, rule: Rule, stages: int, top: int, s
 
 def constrained_splits(model: PipelineModel, stages: int, framework: str, top: int = 1, score: str = "slowest",
                        bucket: float = MEGABYTE, backend: Any = "auto", in_flight: Any = None,
-                       max_bytes: int | None = None, interleave: int = 1) -> Found:
+                       max_bytes: int | None = None, interleave: int = 1, starts: Any = ()) -> Found:
     """The best splits among the plans ``framework`` ("megatron", "mindformers") runs as written:
     ``(counts, score, names, patterns)`` entries, best first (``names``: every layer's option;
     ``patterns``: each segment's :class:`Pattern`, chunk-major).  Plain pipelines: exact.
-    Interleaved: see :mod:`._constrained_rows` (``exact`` and ``lower_bound`` on the list)."""
+    Interleaved: see :mod:`._constrained_rows` (``exact`` and ``lower_bound`` on the list; ``starts``:
+    more splits to start its local search from, such as the unconstrained search's best)."""
     if not isinstance(model, PipelineModel):
         raise ValueError(f"model must be a PipelineModel, got {type(model).__name__}")
     stages, top, interleave = check_int(stages, "stages", 1), check_int(top, "top", 1), check_int(interleave,
@@ -137,7 +138,7 @@ def constrained_splits(model: PipelineModel, stages: int, framework: str, top: i
     rule = framework_rule(model, framework, model.layers - stages * interleave + 1)
     if interleave > 1:
         return interleaved_constrained(model, rule, stages, interleave, top, score, bucket, backend, in_flight,
-                                       max_bytes, plain_constrained)
+                                       max_bytes, plain_constrained, starts)
     return plain_constrained(model, rule, stages, top, score, bucket, backend, in_flight, max_bytes)
 
 

@@ -36,7 +36,8 @@ from ._segments import SegmentTable
 
 
 def interleaved_constrained(model: Any, rule: Rule, p: int, v: int, top: int, score: str, bucket: float,
-                            backend: Any, in_flight: Any, max_bytes: int | None, plain_constrained: Any) -> Found:
+                            backend: Any, in_flight: Any, max_bytes: int | None, plain_constrained: Any,
+                            starts: Any = ()) -> Found:
     """``constrained_splits`` for ``v`` chunks per stage (see the module docstring); ``plain_constrained``:
     the plain search, for a start."""
     model = with_grouped(model) if any(GROUPED in pat.names() for pat in rule.patterns) else model
@@ -45,10 +46,11 @@ def interleaved_constrained(model: Any, rule: Rule, p: int, v: int, top: int, sc
     if not rule.per_stage and one_body_kind(model) and score != "simulated":
         return _exact(model, rule, lay, p, v, table, top, score)
     rows = Rows(model, rule, lay, p, v, table, in_flight, bucket, score)
-    starts = [even_split(model.layers, p * v)]
+    starts = [tuple(int(c) for c in start) for start in starts if len(start) == p * v
+              and sum(start) == model.layers and min(start) >= 1] + [even_split(model.layers, p * v)]
     try:
         plain = plain_constrained(model, rule, p * v, 1, "slowest", bucket, backend, None, max_bytes)
-        starts = [plain[0][0]] + starts if plain else starts
+        starts = starts + [plain[0][0]] if plain else starts
     except ValueError:  # a plain search may refuse (size): the even start remains
         pass
     out = Found()
