@@ -20,7 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..engine import Assignment, Layers, PipelineChoice, StageChoice
-from ..search import decoder_kinds
+from ..search import GROUPED, decoder_kinds, with_grouped
 
 EMBEDDING, DECODER, LOSS, MTP = "E", "t", "L", "m"
 
@@ -177,7 +177,10 @@ class Evaluation:
 def evaluate(model: Any, counts: Sequence[int], names: Sequence[str], in_flight: Any = None,
              chunks: int = 1) -> Evaluation:
     """Score a split whose every layer runs the option named ``names[i]``: stage times and
-    exact bytes against each stage's budget (ValueError for an option a kind lacks)."""
+    exact bytes against each stage's budget (ValueError for an option a kind lacks).  A layer inside
+    Megatron's uniform recompute group (``FULL-GROUPED``) runs FULL's time and keeps nothing."""
+    if GROUPED in names:
+        model = with_grouped(model)
     counts = model.check_counts(counts, chunks)
     p = len(counts) // chunks
     table = model.in_flight_table(p, chunks, in_flight)
