@@ -53,7 +53,7 @@ def best_emit(args: argparse.Namespace, spec: Any, stages: int, chunks: int, in_
         emit(payload, f"no feasible split of {spec.name} into {shape} fits the device memory with settings "
                       f"{name} runs as written")
         return EXIT_INFEASIBLE
-    counts, value, names, _ = found[0]
+    counts, value, _, names, _ = found[0]
     exact = getattr(found, "exact", True)
     search = "exact" if exact else f"a local search, not proven optimal; the optimum is at least {found.lower_bound:.6g}"
     notes = [f"framework-constrained search ({search}): {args.score} {value:.6g}"]
@@ -67,9 +67,8 @@ def best_emit(args: argparse.Namespace, spec: Any, stages: int, chunks: int, in_
                             names=names, mtp=mtp, notes=[n for n in notes if n])
     except ValueError as exc:
         raise _bad(exc, where) from None
-    for c, v, n, _ in found:
-        ev = framework.evaluate(gm, list(c), n, in_flight, chunks)
-        payload["results"].append(split_record(gm, list(c), ev.choice, args.score, v, in_flight, chunks,
+    for c, v, choice, _, _ in found:
+        payload["results"].append(split_record(gm, list(c), choice, args.score, v, in_flight, chunks,
                                                bucket=spec.bucket))
     payload["settings"] = {"framework": name, "text": text, "exact_search": exact,
                            "unconstrained_score": free[0][1] if free else None, "mtp_layers": mtp}

@@ -19,8 +19,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..engine import Assignment, Layers, PipelineChoice, StageChoice
-from ..search import GROUPED, decoder_kinds, with_grouped
+from ..search import decoder_kinds, run_names
 
 EMBEDDING, DECODER, LOSS, MTP = "E", "t", "L", "m"
 
@@ -179,35 +178,9 @@ def evaluate(model: Any, counts: Sequence[int], names: Sequence[str], in_flight:
     """Score a split whose every layer runs the option named ``names[i]``: stage times and
     exact bytes against each stage's budget (ValueError for an option a kind lacks).  A layer inside
     Megatron's uniform recompute group (``FULL-GROUPED``) runs FULL's time and keeps nothing."""
-    if GROUPED in names:
-        model = with_grouped(model)
     counts = model.check_counts(counts, chunks)
-    p = len(counts) // chunks
-    table = model.in_flight_table(p, chunks, in_flight)
-    bounds = np.concatenate(([0], np.cumsum(counts))).tolist()
-    times, memory = [0.0] * p, [0.0] * p
-    used: list[dict] = [{} for _ in range(p)]
-    for c in range(chunks):
-        for s in range(p):
-            i = c * p + s
-            for layer in range(bounds[i], bounds[i + 1]):
-                kind = model.kinds[layer]
-                option = next((o for o in model.fronts[kind] if getattr(o, "name", None) == names[layer]), None)
-                if option is None:
-                    raise ValueError(f"layer {layer} (kind {kind!r}, stage {s}) has no option named "
-                                     f"{names[layer]!r}; its options: "
-                                     f"{[getattr(o, 'name', o) for o in model.fronts[kind]]}")
-                times[s] += option.forward_time + option.backward_time
-                memory[s] += option.memory(table[s][c])
-                key = (kind, table[s][c], names[layer])
-                used[s][key] = (option, used[s].get(key, (option, 0))[1] + 1)
-    stages = []
-    for s in range(p):
-        assignments = tuple(Assignment(Layers(kind, n, k), option, n) for (kind, k, _), (option, n) in used[s].items())
-        stages.append(StageChoice(assignments, memory[s], times[s]))
-    budgets = [st.budget for st in model.stages(counts, in_flight, chunks)]
-    return Evaluation(tuple(counts), tuple(times), tuple(memory), tuple(budgets),
-                      PipelineChoice(tuple(stages), tuple(times)))
+    times, memory, budgets, choice = run_names(model, counts, names, in_flight, chunks)
+    return Evaluation(tuple(counts), times, memory, budgets, choice)
 
 
 def mismatches(model: Any, counts: Sequence[int], plan_names: Sequence[str], names: Sequence[str],

@@ -51,6 +51,7 @@ from ._patterns import (
     decoder_kinds,
     framework_rule,
     in_order,
+    run_names,
     with_grouped,
 )
 from ._plain import plain_search
@@ -73,7 +74,8 @@ def plain_constrained(model: PipelineModel, rule: Rule, stages: int, top: int, s
         for counts, value, choice in plain_search(restricted, stages, top, score, bucket, backend, in_flight,
                                                   max_bytes, exclusive):
             names = restricted.option_names(list(counts), choice, in_flight)
-            out.append((counts, value, in_order(model, counts, names, rule.levels), [None] * stages))
+            names = in_order(model, counts, names, rule.levels)
+            out.append((counts, value, run_names(model, counts, names, in_flight)[3], names, [None] * stages))
         return out
     model = with_grouped(model) if any(GROUPED in p.names() for p in rule.patterns) else model
     k_of = [row[0] for row in model.in_flight_table(stages, 1, in_flight)]
@@ -115,7 +117,7 @@ def plain_constrained(model: PipelineModel, rule: Rule, stages: int, top: int, s
         names = lay.names(counts, pats)
         if len(out) < top and (counts, tuple(names)) not in seen:
             seen.add((counts, tuple(names)))
-            out.append((counts, float(value), names, pats))
+            out.append((counts, float(value), run_names(model, counts, names, in_flight)[3], names, pats))
     return out
 
 
@@ -123,8 +125,9 @@ def constrained_splits(model: PipelineModel, stages: int, framework: str, top: i
                        bucket: float = MEGABYTE, backend: Any = "auto", in_flight: Any = None,
                        max_bytes: int | None = None, interleave: int = 1, starts: Any = ()) -> Found:
     """The best splits among the plans ``framework`` ("megatron", "mindformers") runs as written:
-    ``(counts, score, names, patterns)`` entries, best first (``names``: every layer's option;
-    ``patterns``: each segment's :class:`Pattern`, chunk-major).  Plain pipelines: exact.
+    ``(counts, score, choice, names, patterns)`` entries, best first, as ``best_splits``' ``(counts,
+    score, choice)`` and then ``names`` (every layer's option) and ``patterns`` (each segment's
+    :class:`Pattern`, chunk-major; None where the engine chose a multiset).  Plain pipelines: exact.
     Interleaved: see :mod:`._constrained_rows` (``exact`` and ``lower_bound`` on the list; ``starts``:
     more splits to start its local search from, such as the unconstrained search's best)."""
     if not isinstance(model, PipelineModel):

@@ -29,7 +29,8 @@ import numpy as np
 from ..engine import MEGABYTE, Layers, Planner, Stage
 from ..schedule import iteration_times
 from ._classify import kind_counts
-from ._patterns import GROUPED, Layout, Pattern, Rule, _score, decoder_kinds, framework_rule, in_order, with_grouped
+from ._patterns import (GROUPED, Layout, Pattern, Rule, _score, decoder_kinds, framework_rule, in_order, run_names,
+                        with_grouped)
 from ._interleaved import _tuples, counts_of, even_split, local_search, one_body_kind
 from ._rounds import Found
 from ._segments import SegmentTable
@@ -55,7 +56,8 @@ def interleaved_constrained(model: Any, rule: Rule, p: int, v: int, top: int, sc
         pass
     out = Found()
     for counts, value in local_search(top, starts, rows.scores):
-        out.append((tuple(counts), float(value), *rows.plan(np.array([counts]))))
+        names, patterns = rows.plan(np.array([counts]))
+        out.append((tuple(counts), float(value), run_names(model, counts, names, in_flight, v)[3], names, patterns))
     out.exact = False
     fastest = [min(o.forward_time + o.backward_time for o in model.fronts[k]) for k in model.kinds]
     least = max(sum(fastest) / p, max(fastest))
@@ -102,7 +104,8 @@ def _exact(model: Any, rule: Rule, lay: Layout, p: int, v: int, table: list, top
         names = lay.names(counts, [pattern] * (p * v))
         if len(out) < top and (tuple(counts), tuple(names)) not in seen:
             seen.add((tuple(counts), tuple(names)))
-            out.append((tuple(counts), float(value), names, [pattern] * (p * v)))
+            choice = run_names(model, counts, names, table, v)[3]
+            out.append((tuple(counts), float(value), choice, names, [pattern] * (p * v)))
     out.lower_bound = out[0][1] if out else math.nan
     return out
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ..engine import LayerOption
+from ..engine import Assignment, LayerOption, Layers, PipelineChoice, StageChoice
 from ._closed_form import ClosedForm
 from ._model import PipelineModel
 from ._simulated import Simulated
@@ -127,13 +127,13 @@ def framework_rule(model: Any, framework: str, longest: int | None = None) -> Ru
         out += [Pattern(("block", n), (same("FULL"),) * n, (same("NONE"),)) for n in range(1, longest)]
         out += [Pattern(("uniform", n), (), (same("FULL"),) + (same(GROUPED),) * (n - 1))
                 for n in range(2, longest + 1)]
-        return _checked(Rule(framework, tuple(p for p in out if valid(p)), False), dec, names, "Megatron")
+        return _checked(Rule(framework, tuple(p for p in out if valid(p)), False), dec, names, "megatron")
     chains = [tuple(n for n in chain if all(n in names[k] for k in dec))
               for chain in ((("FULL", "NONE"),) if costed else CHAINS)]
     chains = list(dict.fromkeys(c for c in chains if c))
     levels = {name: i for c in chains for i, name in enumerate(c)}
     if not chains:
-        raise _none_error(dec[0], names, "MindFormers", "NONE, FULL" + ("" if costed else ", SLCT, COMM, BOTH"))
+        raise _none_error(dec[0], names, "mindformers", "NONE, FULL" + ("" if costed else ", SLCT, COMM, BOTH"))
     if len(dec) == 1:  # one decoder kind: any multiset is a prefix order, the engine's knapsack
         usable = frozenset(n for c in chains for n in c)
         return Rule(framework, (), True, (usable, (("SLCT", "COMM"),) if {"SLCT", "COMM"} <= usable else ()), levels)
@@ -151,7 +151,7 @@ def framework_rule(model: Any, framework: str, longest: int | None = None) -> Ru
             if len(out) > MAX_PATTERNS:
                 raise ValueError(f"MindFormers' first-layers rule on this model's {len(dec)} decoder kinds would "
                                  f"try over {MAX_PATTERNS:,} settings per stage; use fewer layers per stage")
-    return _checked(Rule(framework, tuple(out), True, None, levels), dec, names, "MindFormers")
+    return _checked(Rule(framework, tuple(out), True, None, levels), dec, names, "mindformers")
 
 
 def _none_error(kind: Any, names: dict, who: str, runs: str) -> ValueError:
@@ -162,7 +162,7 @@ def _none_error(kind: Any, names: dict, who: str, runs: str) -> ValueError:
 def _checked(rule: Rule, dec: list, names: dict, who: str) -> Rule:
     if not rule.patterns:
         lacking = next((k for k in dec if not {"NONE", "FULL"} & names[k]), dec[0])
-        raise _none_error(lacking, names, who, "NONE, FULL" + (", SLCT, MOEACT" if who == "Megatron" else ""))
+        raise _none_error(lacking, names, who, "NONE, FULL" + (", SLCT, MOEACT" if who == "megatron" else ""))
     return rule
 
 
@@ -286,6 +286,41 @@ def apply(model: Any, counts: Any, patterns: Any) -> list:
                 out.append(getattr(model.fronts[kind][0], "name", None))
         start += n
     return out
+
+
+def run_names(model: Any, counts: Any, names: Any, in_flight: Any = None, chunks: int = 1) -> tuple:
+    """A split whose every layer runs the option named ``names[i]``: per stage its time and exact
+    bytes (summed layer by layer in model order), its budget, and the :class:`PipelineChoice`
+    (``FULL-GROUPED``, a later layer of a Megatron uniform group, runs FULL's time and keeps
+    nothing).  ValueError for an option a kind lacks."""
+    if GROUPED in names:
+        model = with_grouped(model)
+    counts = model.check_counts(list(counts), chunks)
+    p = len(counts) // chunks
+    table = model.in_flight_table(p, chunks, in_flight)
+    bounds = np.concatenate(([0], np.cumsum(counts))).tolist()
+    times, memory = [0.0] * p, [0.0] * p
+    used: list[dict] = [{} for _ in range(p)]
+    for c in range(chunks):
+        for s in range(p):
+            i = c * p + s
+            for layer in range(bounds[i], bounds[i + 1]):
+                kind = model.kinds[layer]
+                option = next((o for o in model.fronts[kind] if getattr(o, "name", None) == names[layer]), None)
+                if option is None:
+                    raise ValueError(f"layer {layer} (kind {kind!r}, stage {s}) has no option named "
+                                     f"{names[layer]!r}; its options: "
+                                     f"{[getattr(o, 'name', o) for o in model.fronts[kind]]}")
+                times[s] += option.forward_time + option.backward_time
+                memory[s] += option.memory(table[s][c])
+                key = (kind, table[s][c], names[layer])
+                used[s][key] = (option, used[s].get(key, (option, 0))[1] + 1)
+    stages = []
+    for s in range(p):
+        assignments = tuple(Assignment(Layers(kind, n, k), option, n) for (kind, k, _), (option, n) in used[s].items())
+        stages.append(StageChoice(assignments, memory[s], times[s]))
+    budgets = tuple(st.budget for st in model.stages(counts, in_flight, chunks))
+    return tuple(times), tuple(memory), budgets, PipelineChoice(tuple(stages), tuple(times))
 
 
 def forward_prefix(model: Any) -> np.ndarray:

@@ -164,9 +164,9 @@ def check(model, p, fw, score, chunks=1, top=3):
     assert math.isclose(got[0][1], want[0][0], rel_tol=1e-12), (got[0][:2], want[:3])
     if fw == "megatron":  # plans are (split, setting) pairs: the same k best scores
         assert [round(v, 9) for _, v, *_ in got] == [round(v, 9) for v, _ in want[:len(got)]]
-    for counts, value, names, _ in got:  # each plan evaluates to its score and fits
+    for counts, value, choice, names, _ in got:  # each plan evaluates to its score and fits
         ev = framework.evaluate(with_grouped(model), list(counts), names, None, chunks)
-        assert ev.feasible
+        assert ev.feasible and choice.times == ev.times  # the choice is best_splits' third element
         assert math.isclose(score_value(with_grouped(model), ev, names, list(counts), chunks, score), value,
                             rel_tol=1e-12)
     return True

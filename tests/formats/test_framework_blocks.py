@@ -61,7 +61,7 @@ def planned(path, argv, framework, chunks):
     free = best_splits(spec.model, spec.stages, 1, "slowest", spec.bucket, "numpy", interleave=chunks)
     found = constrained_splits(spec.model, spec.stages, framework, 1, "slowest", spec.bucket, "numpy",
                                interleave=chunks, starts=[f[0] for f in free])
-    counts, _, names, _ = found[0]
+    counts, _, _, names, _ = found[0]
     return spec, list(counts), list(names)
 
 

@@ -50,7 +50,7 @@ def test_emitted_settings_read_back_as_the_constrained_plan(config, args, tmp_pa
         path.write_text(out["settings"]["text"])
         counts, names = read_settings(str(path)).split(spec.model)
         plan = constrained_splits(spec.model, spec.stages, name, 1, "slowest", spec.bucket, "numpy")
-        assert (counts, names) == (list(plan[0][0]), plan[0][2])
+        assert (counts, names) == (list(plan[0][0]), plan[0][3])
         ev = framework.evaluate(with_grouped(spec.model), counts, names)
         assert ev.feasible and math.isclose(ev.slowest, out["results"][0]["score"], rel_tol=1e-12)
         assert "no single setting runs this plan exactly" not in out["settings"]["text"]
@@ -65,7 +65,7 @@ def test_sapp_demo_mindformers_offset_rule_and_rank_from(tmp_path):
     path.write_text(p.stdout)
     spec = load_spec(DEMO)
     found = constrained_splits(spec.model, 16, "mindformers", backend="numpy")
-    counts, score, names, _ = found[0]
+    counts, score, _, names, _ = found[0]
     offset = yaml.safe_load(p.stdout)["model"]["model_config"]["offset"]
     decoders = [c - (i == 0) - (i == len(counts) - 1) for i, c in enumerate(counts)]
     assert sum(offset) == 96 % 16 and [96 // 16 + o for o in offset] == decoders
@@ -132,7 +132,7 @@ def test_sapp_slct_is_not_megatrons_core_attn():
 def test_interleaved_plans_round_trip(tmp_path):
     spec = load_spec(DEMO, capacity="100GB")
     found = constrained_splits(spec.model, 8, "megatron", backend="numpy", interleave=2)
-    counts, _, names, _ = found[0]
+    counts, _, _, names, _ = found[0]
     text = emit("megatron", spec.model, counts, names=names, chunks=2)
     path = tmp_path / "run.sh"
     path.write_text(text)
