@@ -14,6 +14,7 @@ resembles: a misspelt ``offset`` silently ignored is a wrong plan.
 from __future__ import annotations
 
 import difflib
+import functools
 import json
 import os
 import re
@@ -41,11 +42,30 @@ def settings_text(path: str) -> str:
 
 def misspelt(name: str, read: Iterable[str], known: Iterable[str] = ()) -> str | None:
     """The read name ``name`` is a near miss of, unless it is read or one of ``known``; else None."""
-    read = set(read)
-    if name in read or name in set(known):
+    return _misspelt(str(name), tuple(sorted(read)), frozenset(known))
+
+
+@functools.lru_cache(maxsize=4096)
+def _misspelt(name: str, read: tuple, known: frozenset) -> str | None:
+    if name in read or name in known:
         return None
-    best = max(read, key=lambda r: difflib.SequenceMatcher(None, name, r).ratio(), default=None)
-    return best if best is not None and difflib.SequenceMatcher(None, name, best).ratio() >= NEAR else None
+    best, score = None, NEAR
+    for r, m in zip(read, _matchers(read)):  # the cheap upper bounds first: most names are nowhere near
+        m.set_seq1(name)
+        if m.real_quick_ratio() >= score and m.quick_ratio() >= score and m.ratio() >= score:
+            best, score = r, m.ratio()
+    return best
+
+
+@functools.lru_cache(maxsize=64)
+def _matchers(read: tuple) -> list:
+    """One matcher per read name, its tables built once (``set_seq1`` keeps them)."""
+    out = []
+    for r in read:
+        m = difflib.SequenceMatcher(None)
+        m.set_seq2(r)
+        out.append(m)
+    return out
 
 
 def check_misspelt(mapping: dict, read: Iterable[str], known: Iterable[str], where: str) -> None:
