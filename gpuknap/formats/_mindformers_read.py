@@ -107,7 +107,7 @@ RUNNER_CONFIG = ("batch_size", "epochs", "sink_mode", "sink_size", "gradient_acc
                  "stop_step")
 #: Sections read at the top of the file, and names of MindFormers' own close to them.
 TOP = ("parallel_config", "recompute_config", "model", "parallel", "runner_config", "use_legacy", "swap_config")
-TOP_KNOWN = ("use_parallel",)
+TOP_KNOWN = ("use_parallel", "mode")
 #: Keys read in model.model_config.
 MODEL_CONFIG = ("num_layers", "num_hidden_layers", "offset", "pp_interleave_num", "mtp_depth", "mtp_num_layers",
                 "num_nextn_predict_layers", "seq_length", "select_recompute", "select_comm_recompute", "recompute")
