@@ -61,7 +61,7 @@ from ._segments import SegmentTable
 
 def plain_constrained(model: PipelineModel, rule: Rule, stages: int, top: int, score: str, bucket: float,
                       backend: Any, in_flight: Any, max_bytes: int | None) -> Found:
-    """The exact top ``top`` plain splits under ``rule``: ``(counts, score, names, patterns)``
+    """The exact top ``top`` plain splits under ``rule``: ``(counts, score, choice, names, patterns)``
     entries (``patterns`` per stage; None for the engine path's free multisets), best first,
     ties by counts, then by the pattern's place in the rule."""
     out = Found()
