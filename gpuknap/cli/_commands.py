@@ -14,11 +14,12 @@ from .. import formats, schedule
 from .._version import __version__
 from ..costs import pipeline_send
 from ..engine import FrontTable, get_backend, least_times
-from ..formats import Spec, framework, load_spec
+from ..formats import Spec, load_spec
 from ..formats.splitfiles import read_splits, write_scores
 from ..search import one_body_kind
 from ..search import best_splits, coverage
 from ._flags import EXIT_OK, counts_list
+from ._frameworks import best_emit, rank_settings, settings_of_best
 from ._gantt import communication_shares
 from ._progress import note
 from ._plots import plot_best, plot_curve, plot_scores, plot_timeline
@@ -46,13 +47,13 @@ def device_keywords(args: argparse.Namespace) -> dict:
             "device_fields": dict(args.device_field) if args.device_field else None}
 
 
-def _spec(args: argparse.Namespace, path: str | None) -> Spec:
+def _spec(args: argparse.Namespace, path: str | None, **extra: Any) -> Spec:
     spec = load_spec(path or default_example(), capacity=args.capacity, micro_batches=args.micro_batches,
                      stages=getattr(args, "stages", None), bucket=args.bucket, reserved=args.reserved, seq=args.seq,
                      micro_batch=args.micro_batch_size, tensor_parallel=args.tp, expert_parallel=args.ep,
                      expert_tensor_parallel=args.etp, context_parallel=args.cp, data_parallel=args.dp,
-                     recompute=args.recompute, **device_keywords(args))
-    if spec.kind == "config" and args.dp is None:
+                     recompute=args.recompute, **extra, **device_keywords(args))
+    if spec.kind == "config" and args.dp is None and "data_parallel" not in extra:
         note("--dp not given: data-parallel size 1, so the optimizer state is not sharded and no gradients are "
              "reduced; give --dp for the run you plan")
     return spec
@@ -91,18 +92,13 @@ def cmd_best(args: argparse.Namespace) -> int:
     stages = _stages(args, spec)
     chunks = args.interleave or spec.chunks
     in_flight = spec.in_flight if chunks == spec.chunks else None  # another --interleave: the schedule's table
-    if chunks > 1 and args.emit in formats.EMITTERS:
-        raise BadInput(f"--emit {args.emit}: framework settings are written for plain pipelines; "
-                       "drop --interleave (or use --emit json)")
     backend = get_backend(args.backend)
     model = spec.model
-    if args.emit in formats.EMITTERS:  # search among the plans the framework can run
-        try:
-            model = formats.restrict(model, args.emit)
-        except ValueError as exc:
-            raise BadInput(f"--emit {args.emit}: {spec.source}: {exc}") from None
+    if args.emit in formats.EMITTERS:  # the plans the framework runs as written, and their settings
+        return best_emit(args, spec, stages, chunks, in_flight, backend, _max_bytes(args),
+                         lambda payload, text: _emit(args, payload, text), _header("best", spec, backend.name))
     found = best_splits(model, stages, args.top, args.score, spec.bucket, backend, in_flight, _max_bytes(args),
-                        bound=args.bound, exclusive=formats.EXCLUSIVE.get(args.emit, ()), interleave=chunks)
+                        bound=args.bound, interleave=chunks)
     exact = getattr(found, "exact", True)
     records = [split_record(spec.model, f[0], f[2], args.score, f[1], in_flight, chunks,
                             lower_bound=f[3] if args.bound else None, bucket=spec.bucket) for f in found]
@@ -129,11 +125,8 @@ def cmd_best(args: argparse.Namespace) -> int:
                else f"the {args.score} score of interleaved splits is searched locally")
         text += (f"\n\nlocal search over interleaved splits ({why}): not proven optimal; the optimum is at least "
                  f"{found.lower_bound:.6g}")
-    if args.emit in formats.EMITTERS:  # the best split's settings, in place of the tables
-        try:
-            text = formats.emit(args.emit, model, found[0][0], found[0][2], spec.name, found[0][1], spec.in_flight)
-        except ValueError as exc:
-            raise BadInput(f"--emit {args.emit}: {spec.source}: {exc}") from None
+    if args.emit == "json":  # each framework's settings for the best split
+        payload["settings"] = settings_of_best(spec, found, in_flight, chunks)
     if args.plot:
         counts = list(found[0][0])
         try:
@@ -152,13 +145,14 @@ def cmd_best(args: argparse.Namespace) -> int:
 
 
 def cmd_rank(args: argparse.Namespace) -> int:
-    spec = _spec(args, args.spec)
     if (args.splits is None) == (args.settings is None):
+        _spec(args, args.spec)  # a bad spec or flag is named first
         raise BadInput("--splits or --from: give one (a file of splits, or a framework's settings to score)")
     if args.settings is not None:
         if args.out or args.plot:
             raise BadInput(f"{'--out' if args.out else '--plot'}: applies to --splits, not --from")
-        return _rank_settings(args, spec)
+        return _rank_settings(args)
+    spec = _spec(args, args.spec)
     sf = read_splits(args.splits)
     splits = sf.counts
     width = splits.shape[1]
@@ -202,22 +196,10 @@ def cmd_rank(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _rank_settings(args: argparse.Namespace, spec: Spec) -> int:
+def _rank_settings(args: argparse.Namespace) -> int:
     """Score a framework's settings on the model: its split with the recompute it sets."""
-    settings = formats.read_settings(args.settings)
-    try:
-        counts, names = settings.split(spec.model)
-        ev = framework.evaluate(spec.model, counts, names, spec.in_flight, settings.chunks)
-    except ValueError as exc:
-        raise BadInput(f"{args.settings}: {exc}") from None
-    record = split_record(spec.model, counts, ev.choice, "slowest", ev.slowest, spec.in_flight, settings.chunks)
-    over = [s for s, (m, b) in enumerate(zip(ev.memory, ev.budgets)) if m > b]
-    payload = {**_header("rank", spec, "numpy"), "from": args.settings, "feasible": not over,
-               "over_budget_stages": over, "best": record}
-    verdict = ("fit every stage's budget" if not over else
-               f"EXCEED the memory budget of stage(s) {', '.join(map(str, over))}")
-    _emit(args, payload, format_split(record, f"settings of {args.settings}") + f"\nthese settings {verdict}")
-    return EXIT_OK if not over else EXIT_INFEASIBLE
+    return rank_settings(args, lambda a, **extra: _spec(a, a.spec, **extra), lambda p, t: _emit(args, p, t),
+                         lambda spec: _header("rank", spec, "numpy"))
 
 
 def cmd_curve(args: argparse.Namespace) -> int:

@@ -14,55 +14,110 @@ import os
 from typing import Any
 
 from ..search import PipelineModel
+from . import _mindformers_read as mindformers_read
 from . import framework, hf, megatron, mindformers, sapp_ppb, splitfiles
 from ._documents import MAX_FILE_BYTES, check_keys, read_document, read_text, suggest
+from ._settings import looks_like_arguments, parse_document, settings_text
 from ._fields import Spec
 from ._units import parse_quantity
 from .spec import config_from, load_spec
 
 #: Training frameworks whose settings ``gpuknap best --emit`` writes and ``gpuknap rank --from`` reads.
 EMITTERS = {"mindformers": mindformers, "megatron": megatron}
-#: Option pairs each framework cannot run in one stage (the search keeps them apart).
+#: Option pairs each framework cannot run in one stage (MindFormers: select and comm recompute).
 EXCLUSIVE = {"mindformers": mindformers.EXCLUSIVE}
-#: The options each framework can run (embedding and loss layers keep theirs).
-RUNS = {"mindformers": frozenset(mindformers.TYPES), "megatron": frozenset(megatron.MODULES) | {"FULL"}}
+#: The options each framework can run on cost-modelled models and on measured profiles.
+RUNS = {"mindformers": {"costed": frozenset({"NONE", "FULL"}), "measured": frozenset(mindformers.TYPES)},
+        "megatron": {"costed": frozenset(megatron.MODULES) | {"FULL"}, "measured": frozenset({"NONE", "FULL"})}}
+#: The MindFormers sections that tell a configuration from a launch script.
+_MF_SECTIONS = ("parallel_config", "recompute_config", "model", "runner_config")
 
 
 def restrict(model: Any, framework_name: str) -> Any:
-    """The model with only the options ``framework_name`` can run (ValueError naming a kind left
-    with none)."""
+    """The model with only the options ``framework_name`` can run on it (ValueError naming a kind
+    left with none): cost-modelled models keep Megatron's modules and full recompute (MindFormers:
+    full recompute), measured SAPP-PPB profiles MindFormers' five options (Megatron: full recompute)."""
+    if framework_name not in EMITTERS:
+        raise ValueError(f"framework_name: expected one of {', '.join(EMITTERS)}, got {framework_name!r}")
+    runs = RUNS[framework_name]["measured" if getattr(model, "costs", None) is None else "costed"]
     role = dict(zip(model.kinds, framework.roles(model)))
     fronts = {}
     for kind in model.kind_order:
         options = model.fronts[kind]
         if role[kind] == framework.DECODER:
-            options = [o for o in options if getattr(o, "name", None) in RUNS[framework_name]]
+            options = [o for o in options if getattr(o, "name", None) in runs]
             if not options:
                 names = [getattr(o, "name", o) for o in model.fronts[kind]]
                 raise ValueError(f"kind {kind!r}: none of its options {names} is one {framework_name} runs "
-                                 f"({', '.join(sorted(RUNS[framework_name]))})")
+                                 f"({', '.join(sorted(runs))})")
         fronts[kind] = options
-    return PipelineModel(model.kinds, fronts, model.static, model.capacity, model.micro_batches, model.reserved)
+    return PipelineModel(model.kinds, fronts, model.static, model.capacity, model.micro_batches, model.reserved,
+                         costs=model.costs)
 
 
-def emit(framework_name: str, model: Any, counts: Any, choice: Any, name: str = "", score: float | None = None,
-         in_flight: Any = None, chunks: int = 1) -> str:
-    """The settings text of a solved split for ``framework_name``."""
-    names = model.option_names(list(counts), choice, in_flight, chunks)
-    plan = framework.framework_plan(model, list(counts), names, chunks, name, score, in_flight)
+def emit(framework_name: str, model: Any, counts: Any, choice: Any = None, name: str = "",
+         score: float | None = None, in_flight: Any = None, chunks: int = 1, names: Any = None, mtp: int = 0,
+         notes: Any = ()) -> str:
+    """The settings text of a split for ``framework_name``: its layers' options given as ``names``
+    (model order), or taken from a solved ``choice``; ``mtp`` MTP layers follow the decoder layers."""
+    if framework_name not in EMITTERS:
+        raise ValueError(f"framework_name: expected one of {', '.join(EMITTERS)}, got {framework_name!r}")
+    if names is None:
+        if choice is None:
+            raise ValueError("choice: give the split's solved choice, or its option names (names=)")
+        names = model.option_names(list(counts), choice, in_flight, chunks)
+    plan = framework.framework_plan(model, list(counts), list(names), chunks, name, score, in_flight, mtp, notes)
     return EMITTERS[framework_name].dump(plan)
 
 
+def mtp_layers(source: str) -> int:
+    """The multi-token-prediction layers of a Hugging Face config (``num_nextn_predict_layers``), else 0."""
+    try:
+        data = read_document(source)
+    except (ValueError, TypeError):
+        return 0
+    if not hf.is_config(data):
+        return 0
+    value = data.get("num_nextn_predict_layers", 0) or 0
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 1000:
+        raise ValueError(f"{source}: num_nextn_predict_layers: expected an integer from 0 to 1,000, got {value!r}")
+    return value
+
+
+def analytic(source: str) -> bool:
+    """Whether a model file is costed by gpuknap's cost model (a Hugging Face config, or a spec
+    with a ``transformer`` section) rather than giving its options (False when unreadable)."""
+    try:
+        data = read_document(os.fspath(source))
+    except (ValueError, TypeError):
+        return False
+    return hf.is_config(data) or (isinstance(data, dict) and "transformer" in data
+                                  and "layers_description" not in data)
+
+
 def read_settings(path: str | os.PathLike) -> Any:
-    """Settings read from a framework's file, told by its content: Megatron arguments
-    (``--pipeline-model-parallel-layout``), else a MindFormers YAML or JSON configuration."""
-    if "--pipeline-model-parallel-layout" in read_text(os.fspath(path)):
-        return megatron.load(path)
-    return mindformers.load(path)
+    """Settings read from a framework's file, told apart by content: a YAML or JSON mapping with
+    MindFormers' sections is a MindFormers configuration; a text of ``--flags`` is Megatron's."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise ValueError(f"path: expected a file path, got {type(path).__name__}")
+    path = os.fspath(path)
+    text = settings_text(path)
+    try:
+        data, error = parse_document(text, path), None
+    except ValueError as exc:
+        data, error = None, exc
+        if "given twice" in str(exc):
+            raise
+    if isinstance(data, dict) and (any(k in data for k in _MF_SECTIONS) or not looks_like_arguments(text)):
+        return mindformers_read.load_data(data, path)
+    if looks_like_arguments(text):
+        return megatron.load_text(text, path)
+    raise ValueError(f"{path}: neither Megatron arguments (no --flags) nor a MindFormers configuration "
+                     "(no parallel_config or model sections)" + (f"; as YAML: {error}" if error else ""))
 
 
 __all__ = [
     "framework", "hf", "megatron", "mindformers", "sapp_ppb", "splitfiles", "MAX_FILE_BYTES", "check_keys",
     "read_document", "read_text", "suggest", "Spec", "parse_quantity", "config_from", "load_spec",
-    "EMITTERS", "EXCLUSIVE", "RUNS", "restrict", "emit", "read_settings",
+    "EMITTERS", "EXCLUSIVE", "RUNS", "restrict", "emit", "mtp_layers", "analytic", "read_settings",
 ]

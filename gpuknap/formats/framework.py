@@ -19,9 +19,50 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..engine import Assignment, Layers, PipelineChoice, StageChoice
+from ..search import decoder_kinds, run_names
 
-EMBEDDING, DECODER, LOSS = "E", "t", "L"
+EMBEDDING, DECODER, LOSS, MTP = "E", "t", "L", "m"
+
+
+@dataclass(frozen=True)
+class Run:
+    """How a cost-modelled plan is trained, as gpuknap assumed it (the sizes a framework must be
+    told): tensor, context, expert and expert-tensor parallel sizes, data-parallel replicas,
+    pipeline stages, sequence length, samples per micro-batch, micro-batches per iteration,
+    sequence parallelism, the distributed optimizer, and whether the model has MoE layers."""
+
+    tp: int
+    cp: int
+    ep: int
+    etp: int
+    dp: int
+    pp: int
+    seq: int
+    micro_batch: int
+    micro_batches: int
+    sequence_parallel: bool
+    distributed_optimizer: bool
+    moe: bool
+
+    @property
+    def global_batch(self) -> int:
+        """Samples per iteration: micro-batches x micro-batch size x data-parallel replicas."""
+        return self.micro_batches * self.micro_batch * self.dp
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.cp * self.dp * self.pp
+
+
+def run_of(model: Any, stages: int) -> Run | None:
+    """The :class:`Run` of a cost-modelled model split into ``stages`` (None for measured profiles)."""
+    costs = getattr(model, "costs", None)
+    tr = getattr(costs, "training", None)
+    if tr is None:
+        return None
+    moe = any("MOEACT" in {getattr(o, "name", None) for o in model.fronts[k]} for k in decoder_kinds(model))
+    return Run(tr.tp, tr.cp, tr.ep, tr.etp, tr.dp, stages, tr.seq, tr.micro_batch, model.micro_batches,
+               bool(tr.sequence_parallel), bool(tr.distributed_optimizer), moe)
 
 
 def roles(model: Any) -> list[str]:
@@ -66,6 +107,9 @@ class FrameworkPlan:
     model: Any = field(default=None, repr=False, compare=False)  # the model, for checks and scoring
     names: tuple = field(default=(), repr=False, compare=False)  # every layer's option, model order
     in_flight: Any = field(default=None, repr=False, compare=False)
+    run: Run | None = None  # how it is trained (cost-modelled models)
+    mtp: int = 0  # multi-token-prediction layers after the last decoder layer (not costed)
+    notes: tuple = ()  # comment lines for the settings (the search that found the plan, its cost)
 
     @property
     def decoder_layers(self) -> int:
@@ -83,8 +127,16 @@ class FrameworkPlan:
 
 
 def framework_plan(model: Any, counts: Sequence[int], names: Sequence[str], chunks: int = 1, name: str = "",
-                   score: float | None = None, in_flight: Any = None) -> FrameworkPlan:
-    """The :class:`FrameworkPlan` of a split whose layers run ``names`` (model order)."""
+                   score: float | None = None, in_flight: Any = None, mtp: int = 0,
+                   notes: Sequence[str] = ()) -> FrameworkPlan:
+    """The :class:`FrameworkPlan` of a split whose layers run ``names`` (model order); ``mtp``
+    multi-token-prediction layers follow the last decoder layer (frameworks place them, gpuknap
+    does not cost them); ``notes`` become comment lines."""
+    counts = model.check_counts(list(counts), chunks)
+    if len(names) != model.layers:
+        raise ValueError(f"names: {len(names)} option names for a model of {model.layers} layers")
+    if isinstance(mtp, bool) or not isinstance(mtp, int) or not 0 <= mtp <= 1000:
+        raise ValueError(f"mtp: expected an integer from 0 to 1,000 MTP layers, got {mtp!r}")
     role = roles(model)
     bounds = np.concatenate(([0], np.cumsum(counts))).tolist()
     segments = []
@@ -95,8 +147,9 @@ def framework_plan(model: Any, counts: Sequence[int], names: Sequence[str], chun
             if role[j] == DECODER:
                 used[names[j]] = used.get(names[j], 0) + 1
         segments.append(Segment("".join(role[j] for j in layers), tuple(used.items())))
-    return FrameworkPlan(name, len(counts) // chunks, chunks, tuple(segments), score, model, tuple(names),
-                         in_flight)
+    p = len(counts) // chunks
+    return FrameworkPlan(str(name), p, chunks, tuple(segments), score, model, tuple(names), in_flight,
+                         run_of(model, p), mtp, tuple(str(n) for n in notes))
 
 
 
@@ -123,34 +176,11 @@ class Evaluation:
 def evaluate(model: Any, counts: Sequence[int], names: Sequence[str], in_flight: Any = None,
              chunks: int = 1) -> Evaluation:
     """Score a split whose every layer runs the option named ``names[i]``: stage times and
-    exact bytes against each stage's budget (ValueError for an option a kind lacks)."""
+    exact bytes against each stage's budget (ValueError for an option a kind lacks).  A layer inside
+    Megatron's uniform recompute group (``FULL-GROUPED``) runs FULL's time and keeps nothing."""
     counts = model.check_counts(counts, chunks)
-    p = len(counts) // chunks
-    table = model.in_flight_table(p, chunks, in_flight)
-    bounds = np.concatenate(([0], np.cumsum(counts))).tolist()
-    times, memory = [0.0] * p, [0.0] * p
-    used: list[dict] = [{} for _ in range(p)]
-    for c in range(chunks):
-        for s in range(p):
-            i = c * p + s
-            for layer in range(bounds[i], bounds[i + 1]):
-                kind = model.kinds[layer]
-                option = next((o for o in model.fronts[kind] if getattr(o, "name", None) == names[layer]), None)
-                if option is None:
-                    raise ValueError(f"layer {layer} (kind {kind!r}, stage {s}) has no option named "
-                                     f"{names[layer]!r}; its options: "
-                                     f"{[getattr(o, 'name', o) for o in model.fronts[kind]]}")
-                times[s] += option.forward_time + option.backward_time
-                memory[s] += option.memory(table[s][c])
-                key = (kind, table[s][c], names[layer])
-                used[s][key] = (option, used[s].get(key, (option, 0))[1] + 1)
-    stages = []
-    for s in range(p):
-        assignments = tuple(Assignment(Layers(kind, n, k), option, n) for (kind, k, _), (option, n) in used[s].items())
-        stages.append(StageChoice(assignments, memory[s], times[s]))
-    budgets = [st.budget for st in model.stages(counts, in_flight, chunks)]
-    return Evaluation(tuple(counts), tuple(times), tuple(memory), tuple(budgets),
-                      PipelineChoice(tuple(stages), tuple(times)))
+    times, memory, budgets, choice = run_names(model, counts, names, in_flight, chunks)
+    return Evaluation(tuple(counts), times, memory, budgets, choice)
 
 
 def mismatches(model: Any, counts: Sequence[int], plan_names: Sequence[str], names: Sequence[str],

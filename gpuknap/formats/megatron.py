@@ -1,82 +1,69 @@
-"""Megatron-Core settings: ``--pipeline-model-parallel-layout`` and the recompute flags.
+"""Megatron-LM settings: a plan's complete arguments, and arguments read back and scored.
 
-The layout (Megatron-Core's custom pipeline layout) lists every pipeline
-stage's layers, virtual stage 0 of every stage first, then virtual stage 1,
-..., stages split by ``|``: ``E`` the embedding, ``t`` a decoder layer, ``m``
-an MTP layer, ``L`` the loss; ``x*N`` repeats a symbol, ``(...)*N`` a
-pattern, commas are ignored, empty stages are allowed.
+:func:`dump` writes every flag the plan depends on as a bash array (paste it into
+a launch script, or append ``"${GPUKNAP_ARGS[@]}"`` to ``pretrain_gpt.py``'s
+arguments): ``--num-layers``, the pipeline size and layout (virtual stages
+included, ``m`` for MTP layers), the tensor, context, expert and
+expert-tensor parallel sizes, sequence parallelism, micro-batch and global
+batch sizes, sequence length, the distributed optimizer, grouped GEMM for MoE
+layers, ``--mtp-num-layers``, and the one recompute setting of every stage;
+then, as comments, the flags to remove from an existing script.  A plan no
+single setting runs (it was not found by the framework-constrained search) is
+written with the closest setting that fits, scored stage by stage.
 
-Recompute has one setting for every stage: ``--recompute-granularity
-selective --recompute-modules ...`` (each decoder layer recomputes the same
-modules: ``core_attn`` is SLCT, ``moe_act`` MOEACT, both SLCT+MOEACT; dense
-layers have no ``moe_act``), or ``--recompute-granularity full
---recompute-method block --recompute-num-layers N`` (the first N layers of
-every virtual stage run FULL, the others NONE).  A plan that wants anything
-else (counts that differ between stages, SAPP-PPB's COMM and BOTH) is
-written with the closest setting that fits every stage's memory, and a
-comment per stage with what the plan wanted and what the setting gives.
+:func:`parse_layout` reads ``--pipeline-model-parallel-layout`` exactly as
+Megatron does (one level of ``(...)*N``, then ``x*N``, commas dropped; nested
+groups and spaces refused) and :func:`load` reads a launch script's flags and
+checks them as Megatron's ``validate_args`` and layout checks do.  Every rule
+and its source is in docs/training_settings.md.
 """
 from __future__ import annotations
 
 import os
 import re
-import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from ._documents import read_text
-from .framework import (
-    DECODER,
-    EMBEDDING,
-    LOSS,
-    FrameworkPlan,
-    evaluate,
-    mismatches,
-    roles,
-)
-
-#: Selective modules per option name.
-MODULES = {"NONE": frozenset(), "SLCT": frozenset({"core_attn"}), "MOEACT": frozenset({"moe_act"}),
-           "SLCT+MOEACT": frozenset({"core_attn", "moe_act"})}
-_NAME_OF = {modules: name for name, modules in MODULES.items()}
-
+from ..search import GROUPED, Pattern, apply, decoder_kinds, framework_rule, with_grouped
+from ._arguments import arguments
+from ._settings import settings_text
+from ._megatron_checks import check_arguments, check_layout, conflicts, run_flags
+from .framework import DECODER, EMBEDDING, LOSS, MTP, FrameworkPlan, evaluate, mismatches, roles
 
 #: Longest layout written out (symbols and separators).
 MAX_LAYOUT = 10_000_000
+#: Modules gpuknap models, per option name (cost-modelled models).
+MODULES = {"NONE": frozenset(), "SLCT": frozenset({"core_attn"}), "MOEACT": frozenset({"moe_act"}),
+           "SLCT+MOEACT": frozenset({"core_attn", "moe_act"})}
 
 
-def _repeat(part: str, times: str, where: str) -> str:
-    if len(times) > 9 or len(part) * int(times) > MAX_LAYOUT:
-        raise ValueError(f"{where}: the layout repeats {part!r} {times} times, over {MAX_LAYOUT:,} symbols")
-    return part * int(times)
-
-
-def _expand(text: str, where: str) -> str:
-    """The layout with every repetition written out and commas and spaces dropped."""
-    text = text.replace(",", "").replace(" ", "")
-    pattern = re.compile(r"\(([^()]*)\)\*(\d+)")
-    for _ in range(1000):  # innermost parentheses first
-        new = pattern.sub(lambda m: _repeat(m.group(1), m.group(2), where), text)
-        if new == text:
-            break
-        text = new
-        if len(text) > MAX_LAYOUT:
-            raise ValueError(f"{where}: the layout is over {MAX_LAYOUT:,} symbols written out")
-    text = re.sub(r"([EtmL])\*(\d+)", lambda m: _repeat(m.group(1), m.group(2), where), text)
-    if len(text) > MAX_LAYOUT:
+def _repeat(match: re.Match, where: str, size: list) -> str:
+    times = match.group(2)
+    size[0] += len(match.group(1)) * (int(times) if len(times) <= 9 else MAX_LAYOUT + 1) - len(match.group(0))
+    if size[0] > MAX_LAYOUT:
         raise ValueError(f"{where}: the layout is over {MAX_LAYOUT:,} symbols written out")
-    bad = set(text) - set("EtmL|")
-    if bad:
-        raise ValueError(f"{where}: cannot read the layout: unexpected {''.join(sorted(bad))!r} "
-                         "(symbols E, t, m, L; '|' between stages; x*N and (...)*N repeat)")
-    return text
+    return match.group(1) * int(times)
 
 
 def parse_layout(layout: str, stages: int | None = None, where: str = "layout") -> list[str]:
-    """The layers of every (virtual) stage, in order: ``["Etttt", "ttttt", ..., "tttL"]``."""
+    """The layers of every (virtual) stage in order, chunk-major: ``["Etttt", "ttttt", ..., "tttL"]``."""
+    if not isinstance(where, str):
+        raise ValueError(f"where: expected a string naming the layout, got {type(where).__name__}")
     if not isinstance(layout, str) or len(layout) > 100_000:
-        raise ValueError(f"{where}: expected a layout string")
-    segments = _expand(layout, where).split("|")
+        raise ValueError(f"{where}: expected a layout string of at most 100,000 characters")
+    if stages is not None and (isinstance(stages, bool) or not isinstance(stages, int) or stages < 1):
+        raise ValueError(f"stages: expected an integer >= 1 (the pipeline size), got {stages!r}")
+    size = [len(layout)]
+    text = layout.replace(",", "")  # Megatron: commas are cosmetic; one level of groups, then symbols
+    text = re.sub(r"\(([^)]+)\)\*(\d+)", lambda m: _repeat(m, where, size), text)
+    text = re.sub(r"(.)\*(\d+)", lambda m: _repeat(m, where, size), text)
+    bad = set(text) - set("EtmL|")
+    if bad:
+        why = (" (Megatron expands one level of (...)*N: nested or unclosed groups are refused)"
+               if bad & set("()*") else "")
+        raise ValueError(f"{where}: cannot read the layout: unexpected {''.join(sorted(bad))!r}{why}; symbols E, t, "
+                         "m, L, '|' between stages, x*N and (...)*N repeat")
+    segments = text.split("|")
     if stages is not None and len(segments) % stages:
         raise ValueError(f"{where}: {len(segments)} stages in the layout is not a multiple of "
                          f"--pipeline-model-parallel-size {stages}")
@@ -84,22 +71,31 @@ def parse_layout(layout: str, stages: int | None = None, where: str = "layout") 
 
 
 def layout(plan: FrameworkPlan) -> str:
-    """The layout string of a plan (runs of a symbol written ``t*5``)."""
+    """The layout string of a plan (runs written ``t*5``; its MTP layers before the loss)."""
     def stage(symbols: str) -> str:
         return "".join(run[0] if len(run) == 1 else f"{run[0]}*{len(run)}"
                        for run, _ in re.findall(r"((.)\2*)", symbols))
-    return "|".join(stage(seg.roles) for seg in plan.segments)
+    segs = [seg.roles for seg in plan.segments]
+    if not segs[0].startswith(EMBEDDING):  # Megatron's layout always names the embedding and the loss
+        segs[0] = EMBEDDING + segs[0]
+    last = segs[-1][:-1] if segs[-1].endswith(LOSS) else segs[-1]
+    segs[-1] = last + MTP * plan.mtp + LOSS
+    return "|".join(stage(s) for s in segs)
 
 
 @dataclass(frozen=True)
 class Settings:
-    """Megatron settings: the layout's stages and one recompute setting."""
+    """Megatron settings: the layout's (virtual) stages and one recompute setting, and the run flags read."""
 
     stages: int
-    segments: tuple  # roles per (chunk, stage), chunk-major
+    segments: tuple  # symbols per (chunk, stage), chunk-major
     granularity: str | None  # None, "selective" or "full"
     modules: frozenset = frozenset()
-    full_layers: int = 0  # block method: the first N layers of each virtual stage
+    method: str | None = None  # "block" or "uniform" (full)
+    num: int = 0  # --recompute-num-layers
+    run: dict = field(default_factory=dict, compare=False)  # run flags read: name -> value
+    mtp: int = 0
+    notes: tuple = ()
 
     @property
     def chunks(self) -> int:
@@ -107,157 +103,169 @@ class Settings:
 
     def flags(self) -> list[str]:
         if self.granularity == "full":
-            return ["--recompute-granularity full", "--recompute-method block",
-                    f"--recompute-num-layers {self.full_layers}"]
+            return ["--recompute-granularity full", f"--recompute-method {self.method}",
+                    f"--recompute-num-layers {self.num}"]
         if self.granularity == "selective":
             return ["--recompute-granularity selective", "--recompute-modules " + " ".join(sorted(self.modules))]
         return []
 
-    def option(self, position: int, options: list[str]) -> str:
-        """The option a decoder layer at ``position`` in its virtual stage runs (its kind has ``options``)."""
+    def pattern(self, model: Any) -> Pattern:
+        """The recompute as a :class:`Pattern` over the model's decoder kinds."""
+        dec = decoder_kinds(model)
+        same = lambda name: dict.fromkeys(dec, name)  # noqa: E731
+        if self.granularity == "full" and self.method == "block":
+            return Pattern(("block", self.num), (same("FULL"),) * self.num, (same("NONE"),))
         if self.granularity == "full":
-            return "FULL" if position < self.full_layers else "NONE"
+            return Pattern(("uniform", self.num), (), (same("FULL"),) + (same(GROUPED),) * (self.num - 1))
         if self.granularity == "selective":
-            applicable = self.modules if "MOEACT" in options else self.modules - {"moe_act"}
-            return _NAME_OF[frozenset(applicable)]
-        return "NONE"
+            if getattr(model, "costs", None) is None:
+                raise ValueError("--recompute-granularity selective: this profile's options were measured with "
+                                 "MindFormers' recompute (its SLCT recomputes the MLP activation, not Megatron's "
+                                 "core_attn); gpuknap cannot score Megatron's selective modules on it")
+            entry = {}
+            for k in dec:
+                names = {getattr(o, "name", None) for o in model.fronts[k]}
+                got = self.modules if "MOEACT" in names else self.modules - {"moe_act"}
+                entry[k] = next(n for n, m in MODULES.items() if m == got)
+            return Pattern(("selective", tuple(sorted(self.modules))), (), (entry,))
+        return Pattern(("none",), (), (same("NONE"),))
 
     def split(self, model: Any) -> tuple[list[int], list[str]]:
         """``(counts, option names per layer)`` of these settings on ``model``, chunk-major."""
-        have = "".join(self.segments)
-        if "m" in have:
-            raise ValueError("the layout has MTP layers (m), which gpuknap does not model")
-        if have != "".join(roles(model)):
-            raise ValueError(f"the layout's layers ({have.count(DECODER)} decoder layers"
-                             f"{', E' if EMBEDDING in have else ''}{', L' if LOSS in have else ''}) are not the "
-                             f"model's (an embedding first, {roles(model).count(DECODER)} decoder layers, a loss last)")
-        if any(not seg for seg in self.segments):
-            raise ValueError("the layout has an empty stage, which a split of gpuknap cannot have")
-        counts, names, layer = [], [], 0
-        for seg in self.segments:
-            counts.append(len(seg))
-            position = 0
-            for symbol in seg:
-                options = [getattr(o, "name", None) for o in model.fronts[model.kinds[layer]]]
-                if symbol == DECODER:
-                    names.append(self.option(position, options))
-                    position += 1
-                else:
-                    names.append(options[0])
-                layer += 1
-        return counts, names
+        role = roles(model)
+        segs = [s.replace(MTP, "") for s in self.segments]
+        if not role or role[0] != EMBEDDING:
+            segs[0] = segs[0].replace(EMBEDDING, "", 1)
+        if role[-1] != LOSS:
+            segs[-1] = segs[-1][::-1].replace(LOSS, "", 1)[::-1]
+        have, want = "".join(segs), "".join(role)
+        if have != want:
+            raise ValueError(f"the layout's layers ({have.count(DECODER)} decoder layers) are not the model's "
+                             f"({want.count(DECODER)} decoder layers"
+                             + (", an embedding first" if EMBEDDING in want else "")
+                             + (", a loss last" if LOSS in want else "") + ")")
+        empty = [i for i, s in enumerate(segs) if not s]
+        if empty:
+            c, s = divmod(empty[0], self.stages)
+            raise ValueError(f"the layout's stage {s}" + (f" (virtual stage {c})" if self.chunks > 1 else "")
+                             + " holds no layer gpuknap models (empty, or MTP layers only), which a gpuknap "
+                             "split cannot have")
+        counts = [len(s) for s in segs]
+        pattern = self.pattern(model)
+        return counts, apply(model, counts, [pattern] * len(counts))
 
 
-def candidates(plan: FrameworkPlan) -> list[Settings]:
-    """Every single setting worth trying for a plan's split: none, each selective module set,
-    and full recompute of the first N layers for every N up to the longest virtual stage."""
-    segs = tuple(s.roles for s in plan.segments)
-    out = [Settings(plan.stages, segs, None)]
-    out += [Settings(plan.stages, segs, "selective", m) for m in MODULES.values() if m]
-    out += [Settings(plan.stages, segs, "full", full_layers=n)
-            for n in range(1, max(s.decoders for s in plan.segments) + 1)]
-    return out
+def _setting(pattern: Pattern, plan: FrameworkPlan) -> Settings:
+    kind, *value = pattern.setting
+    segs = tuple(layout_segments(plan))
+    if kind == "selective":
+        return Settings(plan.stages, segs, "selective", frozenset(value[0]))
+    if kind in ("block", "uniform"):
+        return Settings(plan.stages, segs, "full", method=kind, num=value[0])
+    return Settings(plan.stages, segs, None)
+
+
+def layout_segments(plan: FrameworkPlan) -> list[str]:
+    return parse_layout(layout(plan), plan.stages)
+
+
+def candidates(plan: FrameworkPlan) -> list[tuple[Settings, Pattern]]:
+    """Every single setting Megatron can set on the plan's model, in the search's order."""
+    longest = max(seg.decoders for seg in plan.segments)
+    return [(_setting(p, plan), p) for p in framework_rule(plan.model, "megatron", max(longest, 1)).patterns]
+
+
+def _closest(plan: FrameworkPlan) -> tuple[Settings, Any]:
+    """The setting that runs the plan exactly (and None), else the fastest that fits every stage
+    (or the fastest) with its evaluation."""
+    model = with_grouped(plan.model)
+    scored = []
+    for setting, pattern in candidates(plan):
+        names = apply(model, plan.counts, [pattern] * len(plan.counts))
+        if not mismatches(model, plan.counts, plan.names, names, plan.chunks):
+            return setting, None
+        ev = evaluate(model, plan.counts, names, plan.in_flight, plan.chunks)
+        scored.append((not ev.feasible, ev.slowest, len(scored), setting, ev))
+    if not scored:
+        raise ValueError("no Megatron recompute setting can run this model's options")
+    _, _, _, setting, ev = min(scored, key=lambda x: x[:3])
+    return setting, ev
 
 
 def dump(plan: FrameworkPlan) -> str:
-    """The Megatron flags of a plan (made by :func:`framework_plan`, which keeps its model): the
-    setting that runs it exactly, else the closest one (fitting every stage's memory, then
+    """The Megatron arguments of a plan made by :func:`gpuknap.formats.framework.framework_plan`:
+    the setting that runs it exactly, else the closest one (fitting every stage's memory, then
     fastest), with a comment per stage."""
-    model, plan_names, in_flight = plan.model, plan.names, plan.in_flight
-    if model is None:
-        raise ValueError("megatron.dump needs a plan made by framework_plan (it scores settings on the model)")
+    if not isinstance(plan, FrameworkPlan):
+        raise ValueError(f"plan: expected a FrameworkPlan (gpuknap.formats.framework.framework_plan), "
+                         f"got {type(plan).__name__}")
+    if plan.model is None:
+        raise ValueError("plan: made without its model; megatron.dump scores settings on the model "
+                         "(make it with framework.framework_plan)")
+    run = plan.run
+    if run is not None and plan.chunks > 1 and run.micro_batches % plan.stages:
+        raise ValueError(f"micro_batches: Megatron's interleaved schedule runs a multiple of the pipeline size "
+                         f"({plan.stages}) micro-batches in groups of that size; {run.micro_batches} is not one")
+    chosen, ev = _closest(plan)
     lines = [f"# gpuknap plan for {plan.name}: {plan.stages} pipeline stages"
              + (f" x {plan.chunks} virtual stages" if plan.chunks > 1 else "")
-             + f", {plan.decoder_layers} decoder layers (--num-layers {plan.decoder_layers})"
+             + f", {plan.decoder_layers} decoder layers" + (f" + {plan.mtp} MTP" if plan.mtp else "")
              + (f", score {plan.score:.6g}" if plan.score is not None else "")]
-    scored = []
-    for option in candidates(plan):
-        try:
-            counts, names = option.split(model)
-            if not mismatches(model, counts, plan_names, names, option.chunks):  # runs the plan exactly
-                scored = [(False, 0.0, option, None)]
-                break
-            ev = evaluate(model, counts, names, in_flight, option.chunks)
-        except ValueError:  # the model has no option for this setting
-            continue
-        scored.append((not ev.feasible, ev.slowest, option, ev))
-    if not scored:
-        raise ValueError("no Megatron recompute setting can run this model's options")
-    _, _, chosen, ev = min(scored, key=lambda x: x[:2])
+    lines += [f"# {note}" for note in plan.notes]
+    if run is not None:
+        lines.append(f"# runs on {run.gpus} GPUs: TP {run.tp} x CP {run.cp} x DP {run.dp} x PP {run.pp} (Megatron "
+                     f"takes the data-parallel size from the world size: launch {run.gpus} processes)")
+    else:
+        lines.append("# the profile was measured: keep the parallel sizes, batch and sequence it was measured with")
     if ev is not None:
-        lines.append("# Megatron sets one recompute for every stage, and no single setting runs this plan exactly;")
-        lines.append("# the closest " + ("that fits every stage's memory" if ev.feasible else
-                                         "(NOTHING fits every stage's memory)") + f": slowest stage {ev.slowest:.6g}")
-        for i, seg in enumerate(plan.segments):
-            c, s = divmod(i, plan.stages)
-            wants = " ".join(f"{n}x{k}" for n, k in seg.options) or "no decoder layers"
-            where = f"stage {s}" + (f" chunk {c}" if plan.chunks > 1 else "")
-            if c == plan.chunks - 1:  # a stage's time and memory cover all its chunks
-                fits = "fits" if ev.memory[s] <= ev.budgets[s] else "OVER budget"
-                after = (f"; with these flags the stage takes {ev.times[s]:.6g}, "
-                         f"{ev.memory[s] / 2**20:,.0f} / {ev.budgets[s] / 2**20:,.0f} MiB ({fits})")
-            else:
-                after = ""
-            lines.append(f"#   {where}: the plan wants {wants}{after}")
-    lines.append(f"--pipeline-model-parallel-size {plan.stages}")
-    lines.append(f'--pipeline-model-parallel-layout "{layout(plan)}"')
-    lines += chosen.flags()
+        lines += _closest_comments(plan, ev)
+    lines += ["GPUKNAP_ARGS=("] + [f"    {flag}" for flag in flags(plan, chosen)] + [")"]
+    lines += [f"# {line}" for line in conflicts(plan, chosen)]
     return "\n".join(lines) + "\n"
 
 
+def _closest_comments(plan: FrameworkPlan, ev: Any) -> list[str]:
+    out = ["# Megatron sets one recompute for every stage, and no single setting runs this plan exactly;",
+           "# the closest " + ("that fits every stage's memory" if ev.feasible else
+                               "(NOTHING fits every stage's memory)") + f": slowest stage {ev.slowest:.6g}"]
+    for i, seg in enumerate(plan.segments):
+        c, s = divmod(i, plan.stages)
+        wants = " ".join(f"{n}x{k}" for n, k in seg.options) or "no decoder layers"
+        where = f"stage {s}" + (f" chunk {c}" if plan.chunks > 1 else "")
+        after = ""
+        if c == plan.chunks - 1:  # a stage's time and memory cover all its chunks
+            fits = "fits" if ev.memory[s] <= ev.budgets[s] else "OVER budget"
+            after = (f"; with these flags the stage takes {ev.times[s]:.6g}, "
+                     f"{ev.memory[s] / 2**20:,.0f} / {ev.budgets[s] / 2**20:,.0f} MiB ({fits})")
+        out.append(f"#   {where}: the plan wants {wants}{after}")
+    return out
+
+
+def flags(plan: FrameworkPlan, setting: Settings) -> list[str]:
+    """Every flag of the plan's run, in Megatron's spelling."""
+    run = plan.run
+    out = [f"--num-layers {plan.decoder_layers}", f"--pipeline-model-parallel-size {plan.stages}",
+           f'--pipeline-model-parallel-layout "{layout(plan)}"']
+    if plan.mtp:
+        out.append(f"--mtp-num-layers {plan.mtp}")
+    if run is not None:
+        out += run_flags(run, plan.chunks)
+    return out + setting.flags()
+
+
 def load(path: str | os.PathLike) -> Settings:
-    """Read the pipeline and recompute flags from a file of Megatron arguments (a launch script
-    or an arguments file); other flags are left alone."""
+    """Read the flags of a Megatron launch script or arguments file (docs/training_settings.md)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise ValueError(f"path: expected a file path, got {type(path).__name__}")
     path = os.fspath(path)
-    try:
-        words = shlex.split(read_text(path), comments=True)
-    except ValueError as exc:
-        if str(exc).startswith(path):
-            raise
-        raise ValueError(f"{path}: cannot read the arguments ({exc})") from None
-    args: dict[str, list[str]] = {}
-    for i, word in enumerate(words):
-        if word.startswith("--"):
-            key, _, value = word.partition("=")
-            values = [value] if value else []
-            for nxt in words[i + 1:]:
-                if value or nxt.startswith("--"):
-                    break
-                values.append(nxt)
-            args[key] = values
-    def one(key: str, default: Any = None) -> Any:
-        values = args.get(key)
-        if values is None:
-            if default is None:
-                raise ValueError(f"{path}: {key}: missing")
-            return default
-        if len(values) != 1:
-            raise ValueError(f"{path}: {key}: expected one value, got {values!r}")
-        return values[0]
-    try:
-        stages = int(one("--pipeline-model-parallel-size"))
-    except ValueError as exc:
-        raise ValueError(str(exc) if "missing" in str(exc) else
-                         f"{path}: --pipeline-model-parallel-size: expected an integer") from None
-    if not 1 <= stages <= MAX_LAYOUT:
-        raise ValueError(f"{path}: --pipeline-model-parallel-size: expected an integer >= 1, got {stages}")
-    segments = tuple(parse_layout(one("--pipeline-model-parallel-layout"), stages,
-                                  f"{path}: --pipeline-model-parallel-layout"))
-    granularity = args.get("--recompute-granularity", [None])[0]
-    if granularity == "full":
-        method = one("--recompute-method", "uniform")
-        n = one("--recompute-num-layers", "1")
-        if not n.isdigit():
-            raise ValueError(f"{path}: --recompute-num-layers: expected an integer, got {n!r}")
-        n = int(n) if method == "block" else max(len(s) for s in segments)  # uniform: every layer recomputed
-        return Settings(stages, segments, "full", full_layers=n)
-    if granularity == "selective":
-        modules = frozenset(args.get("--recompute-modules", ["core_attn"]))
-        unknown = modules - {"core_attn", "moe_act"}
-        if unknown:
-            raise ValueError(f"{path}: --recompute-modules: {sorted(unknown)} are not modelled "
-                             "(gpuknap models core_attn and moe_act)")
-        return Settings(stages, segments, "selective", modules)
-    if granularity is not None:
-        raise ValueError(f"{path}: --recompute-granularity: expected full or selective, got {granularity!r}")
-    return Settings(stages, segments, None)
+    return load_text(settings_text(path), path)
+
+
+def load_text(text: str, path: str) -> Settings:
+    """:func:`load` of a text already read (``path`` names it in errors)."""
+    args = arguments(text, path)
+    values = check_arguments(args, path)
+    segments = tuple(parse_layout(values["layout"], values["stages"], f"{path}: --pipeline-model-parallel-layout"))
+    check_layout(segments, values, path)
+    return Settings(values["stages"], segments, values["granularity"], frozenset(values["modules"]),
+                    values["method"], values["num"] or 0, values["run"], values["mtp"], tuple(values["notes"]))

@@ -15,6 +15,10 @@ from ._best import (
     interleaved_counts,
     interleaved_rounds,
 )
+from ._constrained import constrained_splits
+from ._constrained_rows import best_on_split
+from ._patterns import (FRAMEWORKS, GROUPED, Pattern, Rule, apply, decoder_kinds, framework_rule, run_names,
+                        with_grouped)
 from ._classify import KindIndex, classify, kind_counts, kind_index
 from ._interleaved import TupleSource, counts_of, one_body_kind
 from ._model import MAX_IN_FLIGHT, MAX_LAYERS, PipelineModel
@@ -38,4 +42,6 @@ __all__ = [
     "Found", "Score", "Solver", "certified_rounds", "first_limit", "run_rounds",
     "SegmentPlan", "SegmentTable", "coverage", "fastest_prefix", "plan_segments", "segment_table",
     "segment_times", "exact_score", "score_of",
+    "FRAMEWORKS", "GROUPED", "Pattern", "Rule", "apply", "best_on_split", "constrained_splits", "decoder_kinds", "framework_rule",
+    "run_names", "with_grouped",
 ]

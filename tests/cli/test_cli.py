@@ -172,6 +172,9 @@ def test_best_interleaved_local_search_says_so(tmp_path):
     assert out["exact"] is False and out["optimum_lower_bound"] <= out["results"][0]["score"]
 
 
-def test_best_interleaved_refuses_framework_settings():
+def test_best_interleaved_emits_framework_settings():
+    """Interleaved plans are written too (issue 20): 2 x 16 virtual stages in Megatron's layout."""
     p = run("best", DEMO, "--capacity", "160GiB", "--interleave", "2", "--emit", "megatron")
-    assert p.returncode == 2 and "--interleave" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+    assert p.returncode == 0, p.stderr
+    layout = p.stdout.split('--pipeline-model-parallel-layout "')[1].split('"')[0]
+    assert layout.count("|") == 31

@@ -1,4 +1,5 @@
-"""Training settings out and back: MindFormers and Megatron, read back equal to the plan."""
+"""Training settings out and back: MindFormers and Megatron, read back equal to the plan; the
+closest setting for plans a framework cannot run; the layout syntax as Megatron reads it."""
 from __future__ import annotations
 
 import json
@@ -8,11 +9,13 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 from paths import EXAMPLES
 
 from gpuknap import best_splits
-from gpuknap.formats import framework, load_spec, megatron, mindformers, restrict
+from gpuknap.formats import emit, framework, load_spec, megatron, mindformers, read_settings, restrict
 from gpuknap.formats.framework import framework_plan
+from gpuknap.search import constrained_splits, with_grouped
 
 DEMO = os.path.join(EXAMPLES, "demo.json")
 CONFIGS = ["llama2_7b_config.json", "mixtral_small_config.json", "deepseek_v3_small_config.json"]
@@ -33,52 +36,26 @@ def spec_of(config, args):
                      tensor_parallel=int(kw["--tp"]), micro_batch=int(kw.get("--micro-batch-size", 1)))
 
 
-def segments_of(model, counts, names):
-    """Per stage: decoder option counts, as a framework sees them."""
-    return [dict(seg.options) for seg in framework_plan(model, counts, names).segments]
-
-
-def plan_of(spec, emit):
-    model = restrict(spec.model, emit)
-    found = best_splits(model, spec.stages, 1, "slowest", spec.bucket, backend="numpy",
-                        exclusive=dict(mindformers=mindformers.EXCLUSIVE).get(emit, ()))
-    counts, score, choice = found[0]
-    return model, list(counts), model.option_names(list(counts), choice), score
-
-
 @pytest.mark.parametrize("config", CONFIGS)
 @pytest.mark.parametrize("args", [ISSUE_ARGS, TIGHT_ARGS], ids=["issue", "tight"])
-def test_emitted_settings_read_back_as_the_plan(config, args, tmp_path):
+def test_emitted_settings_read_back_as_the_constrained_plan(config, args, tmp_path):
     spec = spec_of(config, args)
-    for emit, reader, suffix in (("mindformers", mindformers.load, ".yaml"), ("megatron", megatron.load, ".sh")):
-        p = cli("best", os.path.join(EXAMPLES, config), *args, "--emit", emit)
-        if p.returncode == 1:  # nothing fits this model under these settings: said so, nothing to emit
-            assert "no feasible split" in p.stdout
-            continue
-        if p.returncode == 2:  # a heterogeneous stage the first-layers rule cannot run: refused, by stage
-            assert emit == "mindformers" and "recomputes the first layers of a stage" in p.stderr
+    for name, suffix in (("mindformers", ".yaml"), ("megatron", ".sh")):
+        p = cli("best", os.path.join(EXAMPLES, config), *args, "--emit", name, "--json")
+        if p.returncode == 1:  # nothing fits this model under these settings: said so
             continue
         assert p.returncode == 0, p.stderr
-        path = tmp_path / f"{emit}{suffix}"
-        path.write_text(p.stdout)
-        settings = reader(str(path))
-        counts, names = settings.split(spec.model)
-        model, want_counts, want_names, score = plan_of(spec, emit)
-        assert counts == want_counts
-        exact = "no single setting runs this plan exactly" not in p.stdout
-        if exact:
-            assert not framework.mismatches(model, counts, want_names, names)
-            ev = framework.evaluate(spec.model, counts, names)
-            assert math.isclose(ev.slowest, score, rel_tol=1e-9) and ev.feasible
-        if emit == "mindformers":
-            assert exact  # the search ran among plans MindFormers can express
-
-
-def test_moe_plans_use_both_layer_kinds_and_tight_plans_recompute():
-    spec = spec_of("deepseek_v3_small_config.json", TIGHT_ARGS)
-    model, counts, names, _ = plan_of(spec, "megatron")
-    kinds = {model.kinds[i] for i, n in enumerate(names)}
-    assert {"dense", "moe"} <= kinds and set(names) - {"NONE", "HEAD", "TAIL"}
+        out = json.loads(p.stdout)
+        path = tmp_path / f"{name}{suffix}"
+        path.write_text(out["settings"]["text"])
+        counts, names = read_settings(str(path)).split(spec.model)
+        plan = constrained_splits(spec.model, spec.stages, name, 1, "slowest", spec.bucket, "numpy")
+        assert (counts, names) == (list(plan[0][0]), plan[0][3])
+        ev = framework.evaluate(with_grouped(spec.model), counts, names)
+        assert ev.feasible and math.isclose(ev.slowest, out["results"][0]["score"], rel_tol=1e-12)
+        assert "no single setting runs this plan exactly" not in out["settings"]["text"]
+        free = best_splits(spec.model, spec.stages, 1, "slowest", spec.bucket, "numpy")
+        assert out["settings"]["unconstrained_score"] == free[0][1] <= out["results"][0]["score"]
 
 
 def test_sapp_demo_mindformers_offset_rule_and_rank_from(tmp_path):
@@ -86,80 +63,99 @@ def test_sapp_demo_mindformers_offset_rule_and_rank_from(tmp_path):
     assert p.returncode == 0, p.stderr
     path = tmp_path / "mf.yaml"
     path.write_text(p.stdout)
-    st = mindformers.load(str(path))
-    model, counts, names, score = plan_of(load_spec(DEMO), "mindformers")
-    decoders = [c - (i == 0) - (i == len(counts) - 1) for i, c in enumerate(counts)]
-    import yaml
+    spec = load_spec(DEMO)
+    found = constrained_splits(spec.model, 16, "mindformers", backend="numpy")
+    counts, score, _, names, _ = found[0]
     offset = yaml.safe_load(p.stdout)["model"]["model_config"]["offset"]
-    assert sum(offset) == 96 % 16 and [96 // 16 + o for o in offset] == decoders == list(st.decoders)
-    assert segments_of(model, *st.split(model)) == segments_of(model, counts, names)
+    decoders = [c - (i == 0) - (i == len(counts) - 1) for i, c in enumerate(counts)]
+    assert sum(offset) == 96 % 16 and [96 // 16 + o for o in offset] == decoders
+    assert mindformers.load(str(path)).split(spec.model) == (list(counts), names)
     r = cli("rank", DEMO, "--from", str(path), "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["feasible"] and math.isclose(out["best"]["slowest"], score, rel_tol=1e-12)
-    assert out["best"]["counts"] == counts
+    assert out["best"]["counts"] == list(counts)
 
 
-def test_the_demos_unconstrained_plan_is_refused_for_mindformers():
+def test_the_demos_unconstrained_plan_gets_each_stages_closest_mindformers_setting(tmp_path):
+    """The unconstrained demo plan mixes SLCT and COMM in stages: MindFormers cannot run it, so every
+    stage gets its fastest MindFormers setting on that split, said per stage with its memory."""
     spec = load_spec(DEMO)
     counts, _, choice = best_splits(spec.model, 16, backend="numpy")[0]
-    plan = framework_plan(spec.model, list(counts), spec.model.option_names(list(counts), choice))
-    with pytest.raises(ValueError, match="SLCT and .* COMM layers; MindFormers recomputes the first layers"):
-        mindformers.dump(plan)
+    names = spec.model.option_names(list(counts), choice)
+    plan = framework_plan(spec.model, list(counts), names)
+    assert any(seg.count("SLCT") and seg.count("COMM") for seg in plan.segments)
+    text = mindformers.dump(plan)
+    assert "these settings do not run the plan exactly" in text
+    assert sum("the plan wants" in line and "MiB" in line for line in text.splitlines()) == 16
+    path = tmp_path / "mf.yaml"
+    path.write_text(text)
+    back, ran = mindformers.load(str(path)).split(spec.model)
+    ev = framework.evaluate(spec.model, back, ran)
+    assert back == list(counts) and ev.feasible  # the split is kept; every stage fits its setting
+    assert ev.slowest >= best_splits(spec.model, 16, backend="numpy")[0][1]
+
+
+def test_megatron_writes_the_closest_setting_with_memory_per_stage():
+    """A plan no single Megatron setting runs (the unconstrained one) gets the closest, scored by stage."""
+    spec = spec_of("deepseek_v3_small_config.json", TIGHT_ARGS)
+    counts, score, choice = best_splits(spec.model, 4, backend="numpy")[0]
+    text = emit("megatron", spec.model, counts, choice, "x", score)
+    if "no single setting runs this plan exactly" in text:
+        assert sum("MiB (fits)" in line or "MiB (OVER budget)" in line for line in text.splitlines()) == 4
+    assert '--pipeline-model-parallel-layout "E' in text and "--num-layers 16" in text
+
+
+def test_megatron_writes_no_recompute_flags_when_the_plan_recomputes_nothing():
+    p = cli("best", os.path.join(EXAMPLES, "llama2_7b_config.json"), *ISSUE_ARGS, "--emit", "megatron")
+    assert p.returncode == 0 and "no single setting" not in p.stdout
+    flags = p.stdout.split("GPUKNAP_ARGS=(")[1].split(")")[0]
+    assert "--recompute" not in flags
+    assert '--pipeline-model-parallel-layout "Et*4|t*4|t*4|t*4|t*4|t*4|t*4|t*4L"' in flags
+    assert "this plan recomputes nothing" in p.stdout
+
+
+def test_sapp_slct_is_not_megatrons_core_attn():
+    """SAPP-PPB's SLCT was measured with MindFormers' select recompute (the MLP activation): Megatron
+    plans of the demo use none or full recompute only, and selective flags are not scored on it."""
+    p = cli("best", DEMO, "--emit", "megatron")
+    assert p.returncode == 0, p.stderr
+    assert "core_attn" not in p.stdout and "selective" not in p.stdout
+    with pytest.raises(ValueError, match="kind 'BODY': none of its options"):
+        from gpuknap.engine import LayerOption
+        from gpuknap.search import PipelineModel
+        m = load_spec(DEMO).model
+        fronts = {**m.fronts, "BODY": [LayerOption("SLCT", 1.0, 1.0, 2.0)]}
+        restrict(PipelineModel(m.kinds, fronts, m.static, m.capacity, m.micro_batches), "megatron")
 
 
 def test_interleaved_plans_round_trip(tmp_path):
-    spec = load_spec(DEMO)
-    model = spec.model
-    counts = [3] * 16 + [3] * 15 + [5]
-    in_flight = [[2, 1]] * 16
-    choice = model.rank([counts], backend="numpy", in_flight=in_flight, chunks=2).choice(0)
-    names = model.option_names(counts, choice, in_flight, 2)
-    plan = framework_plan(model, counts, names, 2, "demo")
-    st = megatron.Settings(16, tuple(seg.roles for seg in plan.segments), None)
-    assert megatron.parse_layout(megatron.layout(plan), 16) == list(st.segments)
-    assert st.split(model)[0] == counts and st.chunks == 2
-    try:
-        text = mindformers.dump(plan)
-    except ValueError:  # this split happens to mix SLCT and COMM in a chunk: check the lists alone
-        return
-    path = tmp_path / "mf.yaml"
+    spec = load_spec(DEMO, capacity="100GB")
+    found = constrained_splits(spec.model, 8, "megatron", backend="numpy", interleave=2)
+    counts, _, _, names, _ = found[0]
+    text = emit("megatron", spec.model, counts, names=names, chunks=2)
+    path = tmp_path / "run.sh"
     path.write_text(text)
-    back = mindformers.load(str(path))
-    assert back.chunks == 2 and back.split(model)[0] == counts
-    assert segments_of(model, *back.split(model)) == segments_of(model, counts, names)
+    st = megatron.load(str(path))
+    assert st.chunks == 2 and st.split(spec.model) == (list(counts), names)
 
 
 @pytest.mark.parametrize("text, want", [
     ("Et*3|(tt|)*29,m|L", ["Ettt"] + ["tt"] * 29 + ["m", "L"]),
     ("E||t|L", ["E", "", "t", "L"]),
     ("(t*2|)*2,tL", ["tt", "tt", "tL"]),
+    ("E(t|)*2L", ["Et", "t", "L"]),
 ])
 def test_parse_layout_follows_megatrons_syntax(text, want):
     assert megatron.parse_layout(text) == want
 
 
-def test_megatron_writes_the_closest_setting_with_memory_per_stage():
-    p = cli("best", os.path.join(EXAMPLES, "deepseek_v3_small_config.json"), *TIGHT_ARGS, "--emit", "megatron")
-    assert p.returncode == 0, p.stderr
-    assert "no single setting runs this plan exactly" in p.stdout
-    assert sum("MiB (fits)" in line or "MiB (OVER budget)" in line for line in p.stdout.splitlines()) == 4
-    assert '--pipeline-model-parallel-layout "E' in p.stdout and "--recompute-granularity" in p.stdout
-
-
-def test_megatron_writes_no_recompute_flags_when_the_plan_recomputes_nothing():
-    p = cli("best", os.path.join(EXAMPLES, "llama2_7b_config.json"), *ISSUE_ARGS, "--emit", "megatron")
-    assert p.returncode == 0 and "no single setting" not in p.stdout and "--recompute" not in p.stdout
-    assert p.stdout.rstrip().endswith('--pipeline-model-parallel-layout "Et*4|t*4|t*4|t*4|t*4|t*4|t*4|t*4L"')
-
-
-def test_megatron_demo_gets_the_fastest_single_setting_that_fits():
-    """The demo's options have no Megatron full recompute: the closest setting is selective core_attn
-    (every layer SLCT), and every stage fits."""
-    p = cli("best", DEMO, "--emit", "megatron")
-    assert p.returncode == 0 and "the closest that fits every stage's memory" in p.stdout
-    assert "OVER budget" not in p.stdout
-    assert p.stdout.rstrip().endswith("--recompute-granularity selective\n--recompute-modules core_attn")
+@pytest.mark.parametrize("text", ["((t|)*2|)*2", "E(t|L", "Et t|L", "(t|)L", "()*2tL"])
+def test_parse_layout_refuses_what_megatron_refuses(text):
+    """pipeline_parallel_layer_layout.py expands one level of ``(...)*N`` and then ``x*N``; any
+    character left that is not E, t, m, L or | (a nested or unclosed group, a space) is refused."""
+    with pytest.raises(ValueError, match="cannot read the layout"):
+        megatron.parse_layout(text)
 
 
 @pytest.mark.parametrize("content, words", [
@@ -167,28 +163,33 @@ def test_megatron_demo_gets_the_fastest_single_setting_that_fits():
      "offset"),
     ("model: {model_config: {num_layers: 96}}\n", "pipeline_stage: missing"),
     ("parallel_config: {pipeline_stage: 1000000000}\nmodel: {model_config: {num_layers: 96}}\n", "pipeline_stage"),
-    ("parallel_config: {pipeline_stage: 4}\nmodel: {model_config: {num_layers: 95}}\n", "95 layers"),
+    ("parallel_config: {pipeline_stage: 4}\nmodel: {model_config: {num_layers: 95}}\n", "offset"),
     ("parallel_config: {pipeline_stage: 4}\nmodel: {model_config: {num_layers: 100}}\n", "num_layers"),
-    ("--pipeline-model-parallel-size 3\n--pipeline-model-parallel-layout 'Et*48|t*47,m|L'\n", "MTP"),
-    ("--pipeline-model-parallel-size 2\n--pipeline-model-parallel-layout 'Et*48|t*48L'\n"
+    ("--num-layers 95 --pipeline-model-parallel-size 3\n--pipeline-model-parallel-layout 'Et*48|t*47,m|L'\n",
+     "MTP"),
+    ("--num-layers 96 --pipeline-model-parallel-size 2\n--pipeline-model-parallel-layout 'Et*48|t*48L'\n"
      "--recompute-granularity selective --recompute-modules mlp\n", "mlp"),
-    ("--pipeline-model-parallel-size 3\n--pipeline-model-parallel-layout 'Et*48|t*48L'\n", "multiple"),
-    ("--pipeline-model-parallel-size 2\n--pipeline-model-parallel-layout 'Et*48|t*4x8L'\n", "cannot read"),
-    ("--pipeline-model-parallel-size 2\n--pipeline-model-parallel-layout '((t*9999|)*9999|)*9999'\n", "over"),
-    ("--pipeline-model-parallel-size 2\n--pipeline-model-parallel-layout 't*99999999999999'\n", "over"),
+    ("--num-layers 96 --pipeline-model-parallel-size 3\n--pipeline-model-parallel-layout 'Et*48|t*48L'\n",
+     "multiple"),
+    ("--num-layers 96 --pipeline-model-parallel-size 2\n--pipeline-model-parallel-layout 'Et*48|t*4x8L'\n",
+     "cannot read"),
+    ("--num-layers 96 --pipeline-model-parallel-size 2\n--pipeline-model-parallel-layout '((t*9999|)*9999|)*9999'\n",
+     "--pipeline-model-parallel-layout"),
+    ("--num-layers 96 --pipeline-model-parallel-size 2\n--pipeline-model-parallel-layout 't*99999999999999'\n",
+     "over"),
 ])
 def test_bad_settings_exit_2_with_one_line(tmp_path, content, words):
     path = tmp_path / ("s.txt" if content.startswith("--") else "s.yaml")
     path.write_text(content)
     p = cli("rank", DEMO, "--from", str(path))
     lines = p.stderr.strip().splitlines()
-    assert p.returncode == 2 and len(lines) == 1 and words in lines[0] and "Traceback" not in p.stderr
+    assert p.returncode == 2 and len(lines) == 1 and words in lines[0] and "Traceback" not in p.stderr, p.stderr
 
 
-def test_emitting_options_a_framework_cannot_run_is_refused():
-    spec = spec_of("deepseek_v3_small_config.json", TIGHT_ARGS)
-    counts, _, choice = best_splits(spec.model, 4, backend="numpy")[0]
-    names = spec.model.option_names(list(counts), choice)
-    if "MOEACT" in names:  # the unrestricted plan uses MoE activation recompute
-        with pytest.raises(ValueError, match="'MOEACT' has no MindFormers setting"):
-            mindformers.dump(framework_plan(spec.model, list(counts), names))
+def test_emit_json_carries_both_frameworks_settings():
+    p = cli("best", DEMO, "--emit", "json")
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert set(out["settings"]) == {"megatron", "mindformers"}
+    assert "GPUKNAP_ARGS=(" in out["settings"]["megatron"]["text"]
+    assert "offset:" in out["settings"]["mindformers"]["text"]

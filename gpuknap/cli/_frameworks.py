@@ -1,0 +1,162 @@
+"""Training frameworks on the command line: ``best --emit megatron|mindformers|json`` and
+``rank --from FILE`` (the parser is in :mod:`._main`, the other commands in :mod:`._commands`).
+
+``best --emit FRAMEWORK`` runs the framework-constrained search (only plans the framework runs as
+written), prints the settings with the cost against the unconstrained plan, and with ``--json``
+the usual JSON with a ``settings`` object.  ``best --emit json`` is ``best --json`` with each
+framework's settings for the best split (the closest each can express).  ``rank --from FILE``
+reads a framework's settings, builds the model the way they run it (their parallel sizes, batch
+and sequence, where given) and scores their split with the recompute they set.
+"""
+from __future__ import annotations
+
+import argparse
+from typing import Any, Callable
+
+from .. import formats
+from ..formats import framework
+from ..search import best_splits, constrained_splits, with_grouped
+from ._flags import EXIT_OK
+from ._plots import plot_best
+from ._report import format_split, split_record
+
+EXIT_INFEASIBLE = 1
+#: Run values a settings file may give -> (argument attribute, command-line flag).
+RUN_FLAGS = {"tp": ("tp", "--tp"), "cp": ("cp", "--cp"), "ep": ("ep", "--ep"), "etp": ("etp", "--etp"),
+             "dp": ("dp", "--dp"), "micro_batch": ("micro_batch_size", "--micro-batch-size"), "seq": ("seq", "--seq"),
+             "micro_batches": ("micro_batches", "--micro-batches")}
+
+
+def _bad(exc: Any, where: str) -> ValueError:
+    return ValueError(f"{where}: {exc}")
+
+
+def best_emit(args: argparse.Namespace, spec: Any, stages: int, chunks: int, in_flight: Any, backend: Any,
+              max_bytes: int | None, emit: Callable[[dict, str], None], header: dict) -> int:
+    """``best --emit megatron|mindformers``: the framework-constrained plan's settings."""
+    name, model = args.emit, spec.model
+    where = f"--emit {name}: {spec.source}"
+    if args.bound:
+        raise ValueError(f"--bound: certifies the unconstrained search's bucketing; the {name}-constrained search "
+                         "compares exact bytes (drop --bound or --emit)")
+    free = best_splits(model, stages, 1, args.score, spec.bucket, backend, in_flight, max_bytes, interleave=chunks)
+    try:
+        mtp = formats.mtp_layers(spec.source)
+        found = constrained_splits(model, stages, name, args.top, args.score, spec.bucket, backend, in_flight,
+                                   max_bytes, chunks, [f[0] for f in free])
+    except ValueError as exc:
+        raise _bad(exc, where) from None
+    shape = f"{stages} stages" + (f" x {chunks} chunks" if chunks > 1 else "")
+    payload = {**header, "stages": stages, "interleave": chunks, "score": args.score, "top": args.top,
+               "exact": getattr(found, "exact", True), "results": []}
+    if not found:
+        emit(payload, f"no feasible split of {spec.name} into {shape} fits the device memory with settings "
+                      f"{name} runs as written")
+        return EXIT_INFEASIBLE
+    counts, value, _, names, _ = found[0]
+    exact = getattr(found, "exact", True)
+    search = "exact" if exact else f"a local search, not proven optimal; the optimum is at least {found.lower_bound:.6g}"
+    notes = [f"framework-constrained search ({search}): {args.score} {value:.6g}"]
+    if free:
+        cost = value - free[0][1]
+        notes.append(f"the unconstrained plan scores {free[0][1]:.6g}: running as {name} sets it costs {cost:+.6g} "
+                     f"({100 * cost / free[0][1]:+.2f}%)" if free[0][1] else "")
+    gm = with_grouped(model)
+    try:
+        text = formats.emit(name, gm, counts, name=spec.name, score=value, in_flight=in_flight, chunks=chunks,
+                            names=names, mtp=mtp, notes=[n for n in notes if n])
+    except ValueError as exc:
+        raise _bad(exc, where) from None
+    for c, v, choice, _, _ in found:
+        payload["results"].append(split_record(gm, list(c), choice, args.score, v, in_flight, chunks,
+                                               bucket=spec.bucket))
+    payload["settings"] = {"framework": name, "text": text, "exact_search": exact,
+                           "unconstrained_score": free[0][1] if free else None, "mtp_layers": mtp}
+    if args.plot:
+        plot_best(payload["results"], None, args.plot, f"{spec.name}, {shape}: as {name} runs it {list(counts)}")
+    emit(payload, text.rstrip("\n"))
+    return EXIT_OK
+
+
+def settings_of_best(spec: Any, found: Any, in_flight: Any, chunks: int) -> dict:
+    """``best --emit json``: each framework's settings for the best split (the closest each can express)."""
+    out: dict = {}
+    if not found:
+        return out
+    counts, value, choice = found[0][:3]
+    for name in formats.EMITTERS:
+        try:
+            out[name] = {"text": formats.emit(name, spec.model, counts, choice, spec.name, value, in_flight, chunks,
+                                              mtp=formats.mtp_layers(spec.source))}
+        except ValueError as exc:
+            out[name] = {"error": str(exc)}
+    return out
+
+
+def _merge(args: argparse.Namespace, settings: Any, source: str) -> dict:
+    """Set the run values the settings give on ``args`` (refusing a flag that says otherwise);
+    returns the extra keywords for the spec (sequence parallelism)."""
+    run = dict(getattr(settings, "run", {}) or {})
+    gbs = run.pop("global_batch", None)
+    extra = {}
+    for key, value in run.items():
+        if key in RUN_FLAGS:
+            attr, flag = RUN_FLAGS[key]
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise _bad(f"{key}: expected an integer >= 1, got {value!r}", source)
+            given = getattr(args, attr, None)
+            if given is not None and given != value:
+                raise _bad(f"the settings run {key} = {value}, but {flag} {given}; drop the flag or fix the file",
+                           source)
+            setattr(args, attr, value)
+        elif key == "sequence_parallel":
+            if not isinstance(value, bool):
+                raise _bad(f"sequence parallelism: expected true or false, got {value!r}", source)
+            extra["sequence_parallel"] = value
+    if gbs is not None:  # Megatron: micro-batches = global batch / (micro-batch size x data-parallel size)
+        per = (args.micro_batch_size or 1) * (args.dp or 1)
+        if gbs % per:
+            raise _bad(f"--global-batch-size {gbs} is not a multiple of micro-batch size x data-parallel size "
+                       f"({per}); Megatron refuses it", source)
+        if args.micro_batches is not None and args.micro_batches != gbs // per:
+            raise _bad(f"the settings run {gbs // per} micro-batches (--global-batch-size {gbs}), but "
+                       f"--micro-batches {args.micro_batches}", source)
+        args.micro_batches = gbs // per
+    return extra
+
+
+def rank_settings(args: argparse.Namespace, make_spec: Callable[..., Any], emit: Callable[[dict, str], None],
+                  header: Callable[[Any], dict]) -> int:
+    """``rank --from FILE``: score a framework's settings on the model, built as they run it."""
+    source = args.settings
+    settings = formats.read_settings(source)
+    args.stages = settings.stages
+    run = getattr(settings, "run", {}) or {}
+    if not formats.analytic(args.spec):  # measured options: only the micro-batches can come from the file
+        if args.micro_batches is None and isinstance(run.get("micro_batches"), int):
+            args.micro_batches = run["micro_batches"]
+        spec = make_spec(args)
+    else:
+        spec = make_spec(args, **_merge(args, settings, source))
+        if run.get("distributed_optimizer") is False and spec.model.costs.training.shards() > 1:
+            raise _bad("the settings run without the distributed optimizer, and gpuknap's cost model shards the "
+                       "optimizer over data-parallel ranks", source)
+    model = with_grouped(spec.model)
+    try:
+        counts, names = settings.split(spec.model)
+        ev = framework.evaluate(model, counts, names, spec.in_flight, settings.chunks)
+    except ValueError as exc:
+        raise _bad(exc, source) from None
+    record = split_record(model, counts, ev.choice, "slowest", ev.slowest, spec.in_flight, settings.chunks)
+    over = [s for s, (m, b) in enumerate(zip(ev.memory, ev.budgets)) if m > b]
+    notes = list(getattr(settings, "notes", ()))
+    if getattr(settings, "mtp", 0):
+        notes.append(f"{settings.mtp} MTP layer(s) read; gpuknap does not cost them")
+    payload = {**header(spec), "from": source, "feasible": not over, "over_budget_stages": over, "best": record,
+               "notes": notes}
+    verdict = ("fit every stage's budget" if not over else
+               f"EXCEED the memory budget of stage(s) {', '.join(map(str, over))}")
+    text = format_split(record, f"settings of {source}") + f"\nthese settings {verdict}"
+    text += "".join(f"\nnote: {n}" for n in notes)
+    emit(payload, text)
+    return EXIT_OK if not over else EXIT_INFEASIBLE

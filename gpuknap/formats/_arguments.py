@@ -1,0 +1,112 @@
+"""Megatron-LM's command-line flags, read from a launch script or an arguments file.
+
+A launch script is read as the shell would split it into words: lines joined
+at a trailing backslash, comments dropped, quotes removed, one line at a time
+(bash arrays such as ``GPT_ARGS=( ... )`` and ``torchrun ... \\`` continuations
+both work).  Only the flags in :data:`READ` are interpreted; every other word is
+left alone, except a flag that is not one of them but close to one (a
+misspelling Megatron's parser would refuse as unrecognized, and that gpuknap
+would otherwise ignore): it is refused with the flag it resembles.  Megatron's
+own flags that happen to be close to a read one are listed in :data:`KNOWN`.
+
+Megatron's parser takes the last of a flag given twice; gpuknap refuses it,
+since it cannot know which was meant.  A value written as a shell variable
+(``$TP``) is refused: gpuknap reads what the file says.
+"""
+from __future__ import annotations
+
+import re
+import shlex
+
+from ._settings import misspelt
+
+#: Flags read, and how many words each takes: 0 a switch, 1 one value, "*" any number of names.
+READ = {
+    "--pipeline-model-parallel-size": 1, "--pipeline-model-parallel-layout": 1, "--num-layers": 1,
+    "--recompute-granularity": 1, "--recompute-method": 1, "--recompute-num-layers": 1,
+    "--recompute-modules": "*", "--recompute-activations": 0,
+    "--tensor-model-parallel-size": 1, "--context-parallel-size": 1, "--expert-model-parallel-size": 1,
+    "--expert-tensor-parallel-size": 1, "--sequence-parallel": 0, "--micro-batch-size": 1,
+    "--global-batch-size": 1, "--seq-length": 1, "--use-distributed-optimizer": 0, "--moe-grouped-gemm": 0,
+    "--mtp-num-layers": 1, "--overlap-p2p-comm": 0,
+    # read to be refused: they conflict with a layout, or change what gpuknap models
+    "--decoder-first-pipeline-num-layers": 1, "--decoder-last-pipeline-num-layers": 1,
+    "--account-for-embedding-in-pipeline-split": 0, "--account-for-loss-in-pipeline-split": 0,
+    "--num-layers-per-virtual-pipeline-stage": 1, "--num-virtual-stages-per-pipeline-rank": 1,
+    "--distribute-saved-activations": 0, "--moe-layer-recompute": 0, "--hybrid-layer-pattern": 1,
+    "--model-parallel-size": 1,
+}
+#: Megatron's own flags close to a read one (found in its argument definitions), left alone.
+KNOWN = {
+    "--eval-global-batch-size", "--eval-micro-batch-size", "--num-layers-in-first-pipeline-stage",
+    "--num-layers-in-last-pipeline-stage", "--rl-inference-expert-model-parallel-size",
+    "--rl-inference-pipeline-model-parallel-size", "--rl-inference-tensor-model-parallel-size",
+    "--sequence-length", "--use-layer-wise-distributed-optimizer", "--virtual-pipeline-model-parallel-size",
+    "--encoder-num-layers", "--decoder-num-layers", "--encoder-seq-length", "--decoder-seq-length",
+}
+_NAME = re.compile(r"[a-z_][a-z0-9_]*")
+
+
+def words(text: str, path: str) -> list[tuple[str, int]]:
+    """The shell words of a text with their line numbers (continuations joined, comments dropped)."""
+    out: list[tuple[str, int]] = []
+    lines = re.split(r"\r?\n", text)
+    joined, first = "", None
+    for number, line in enumerate(lines, 1):
+        if first is None:
+            first = number
+        if line.endswith("\\") and not line.endswith("\\\\"):
+            joined += line[:-1] + " "
+            continue
+        joined += line
+        try:
+            out += [(w, first) for w in shlex.split(joined, comments=True)]
+        except ValueError as exc:
+            raise ValueError(f"{path}: line {first}: cannot split the line into words ({exc})") from None
+        joined, first = "", None
+    return out
+
+
+def arguments(text: str, path: str) -> dict[str, tuple[list[str], int]]:
+    """The read flags of a text: ``{flag: (values, line)}`` (see the module docstring)."""
+    tokens = words(text, path)
+    out: dict[str, tuple[list[str], int]] = {}
+    i = 0
+    while i < len(tokens):
+        word, line = tokens[i]
+        i += 1
+        if not word.startswith("--") or word == "--":
+            continue
+        flag, eq, value = word.partition("=")
+        if flag not in READ:
+            near = misspelt(flag, READ, KNOWN)
+            if near is not None:
+                raise ValueError(f"{path}: line {line}: unknown flag {flag} (did you mean {near}?); Megatron would "
+                                 "refuse it and gpuknap would ignore it")
+            continue
+        if flag in out:
+            raise ValueError(f"{path}: line {line}: {flag} is given twice (also at line {out[flag][1]}); Megatron "
+                             "takes the last silently: keep one")
+        arity = READ[flag]
+        if arity == 0:
+            if eq:
+                raise ValueError(f"{path}: line {line}: {flag} is a switch and takes no value, got {value!r}")
+            values: list[str] = []
+        elif eq:
+            values = [value]
+        elif arity == 1:
+            if i >= len(tokens) or tokens[i][0].startswith("--"):
+                raise ValueError(f"{path}: line {line}: {flag}: the value is missing")
+            values = [tokens[i][0]]
+            i += 1
+        else:
+            values = []
+            while i < len(tokens) and _NAME.fullmatch(tokens[i][0]):
+                values.append(tokens[i][0])
+                i += 1
+        for v in values:
+            if "$" in v or "`" in v:
+                raise ValueError(f"{path}: line {line}: {flag} {v}: a shell variable; gpuknap reads values written "
+                                 "in the file (write the number, or run the script with `bash -x` to see it)")
+        out[flag] = (values, line)
+    return out

@@ -1,0 +1,183 @@
+"""Megatron-LM's rules for the flags gpuknap writes and reads, in its own words (sources in
+docs/training_settings.md):
+
+- ``megatron/training/arguments.py`` (``validate_args``): at most one of the layout and the two
+  virtual-stage flags; an interleaved schedule needs more than two pipeline stages, or more than
+  one with ``--overlap-p2p-comm``; ``--recompute-activations`` means selective recompute;
+  selective recompute takes no method; ``--distribute-saved-activations`` needs full recompute
+  with a method; the expert tensor-parallel size defaults to the tensor-parallel size; sequence
+  parallelism is turned off when the tensor-parallel size is 1; the old ``--model-parallel-size``
+  must not be set; the flags are spelt exactly (the parser allows no abbreviations).
+- ``megatron/core/transformer/transformer_config.py``: full recompute needs a method (block or
+  uniform) and a number of layers, selective recompute no number; the selective modules Megatron
+  knows, and ``moe_act`` only with ``--moe-grouped-gemm``; the first/last-stage layer counts and
+  the account-for-embedding/loss flags cannot be set with a layout.
+- ``megatron/core/transformer/pipeline_parallel_layer_layout.py``: one embedding first and one
+  loss last; the decoder layers number ``--num-layers`` and the MTP layers ``--mtp-num-layers``;
+  MTP layers come after every decoder layer, in the last virtual stage of their pipeline rank,
+  all in one virtual stage.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+#: Flags Megatron refuses beside a layout (arguments.py and transformer_config.py).
+LAYOUT_CONFLICTS = ("--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank",
+                    "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
+                    "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split")
+#: Selective modules Megatron knows (transformer_config.py) and those gpuknap's cost model has.
+KNOWN_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts",
+                 "gdn_norm_out", "gdp_in_proj", "gdp_qkv", "mhc")
+MODELLED_MODULES = ("core_attn", "moe_act")
+#: Run flags read: flag -> (key, kind).
+RUN = {"--tensor-model-parallel-size": ("tp", int), "--context-parallel-size": ("cp", int),
+       "--expert-model-parallel-size": ("ep", int), "--expert-tensor-parallel-size": ("etp", int),
+       "--micro-batch-size": ("micro_batch", int), "--global-batch-size": ("global_batch", int),
+       "--seq-length": ("seq", int), "--sequence-parallel": ("sequence_parallel", bool),
+       "--use-distributed-optimizer": ("distributed_optimizer", bool), "--moe-grouped-gemm": ("grouped_gemm", bool)}
+
+
+def _int(args: dict, flag: str, path: str, low: int = 1) -> int | None:
+    if flag not in args:
+        return None
+    values, line = args[flag]
+    if not re.fullmatch(r"\d{1,9}", values[0]) or int(values[0]) < low:
+        raise ValueError(f"{path}: line {line}: {flag}: expected an integer >= {low}, got {values[0]!r}")
+    return int(values[0])
+
+
+def _choice(args: dict, flag: str, path: str, choices: tuple) -> str | None:
+    if flag not in args:
+        return None
+    values, line = args[flag]
+    if values[0] not in choices:
+        raise ValueError(f"{path}: line {line}: {flag}: expected {' or '.join(choices)}, got {values[0]!r}")
+    return values[0]
+
+
+def _refuse(args: dict, flag: str, path: str, why: str) -> None:
+    if flag in args:
+        raise ValueError(f"{path}: line {args[flag][1]}: {flag}: {why}")
+
+
+def check_arguments(args: dict, path: str) -> dict:
+    """The values of the flags read, checked as Megatron checks them."""
+    _refuse(args, "--hybrid-layer-pattern", path, "a hybrid (Mamba) model's pattern; gpuknap reads GPT layouts")
+    _refuse(args, "--model-parallel-size", path, "no longer valid in Megatron; use --tensor-model-parallel-size")
+    if "--pipeline-model-parallel-layout" not in args:
+        raise ValueError(f"{path}: --pipeline-model-parallel-layout: missing; gpuknap reads a Megatron split from "
+                         "its layout (the even split and --decoder-first/last-pipeline-num-layers are not read)")
+    for flag in LAYOUT_CONFLICTS:
+        _refuse(args, flag, path, "Megatron refuses it beside --pipeline-model-parallel-layout (the layout sets "
+                                  "every stage and virtual stage); remove it")
+    num_layers = _int(args, "--num-layers", path)
+    if num_layers is None:
+        raise ValueError(f"{path}: --num-layers: missing (Megatron checks the layout's decoder layers against it)")
+    notes = []
+    granularity = _choice(args, "--recompute-granularity", path, ("full", "selective"))
+    if "--recompute-activations" in args:  # arguments.py: the old switch means selective recompute
+        granularity = "selective"
+    method = _choice(args, "--recompute-method", path, ("block", "uniform"))
+    num = _int(args, "--recompute-num-layers", path)
+    modules = args.get("--recompute-modules", (["core_attn"], 0))[0]
+    _refuse(args, "--moe-layer-recompute", path, "recomputes whole MoE layers, which gpuknap does not model")
+    _refuse(args, "--distribute-saved-activations", path, "spreads saved inputs over TP ranks, which gpuknap "
+                                                          "does not model")
+    if granularity == "selective":
+        _refuse(args, "--recompute-method", path, "Megatron takes no recompute method with selective recompute")
+        _refuse(args, "--recompute-num-layers", path, "Megatron takes no number of layers with selective recompute")
+        unknown = [m for m in modules if m not in KNOWN_MODULES]
+        if unknown:
+            raise ValueError(f"{path}: --recompute-modules: {unknown} are not Megatron modules "
+                             f"({', '.join(KNOWN_MODULES)})")
+        other = [m for m in modules if m not in MODELLED_MODULES]
+        if other:
+            raise ValueError(f"{path}: --recompute-modules: {other} are not modelled (gpuknap models "
+                             f"{' and '.join(MODELLED_MODULES)})")
+        if "moe_act" in modules and "--moe-grouped-gemm" not in args:
+            raise ValueError(f"{path}: --recompute-modules moe_act: Megatron runs it only with --moe-grouped-gemm")
+        if not modules:
+            granularity = None
+    elif granularity == "full":
+        if method is None or num is None:
+            missing = "--recompute-method" if method is None else "--recompute-num-layers"
+            raise ValueError(f"{path}: --recompute-granularity full: {missing} is missing (Megatron needs a method, "
+                             "block or uniform, and a number of layers)")
+    elif method is not None or num is not None or "--recompute-modules" in args:
+        notes.append("--recompute-method/-num-layers/-modules without --recompute-granularity: Megatron "
+                     "recomputes nothing")
+        method, num, modules = None, None, []
+    run: dict[str, Any] = {}
+    for flag, (key, kind) in RUN.items():
+        if flag in args:
+            run[key] = True if kind is bool else _int(args, flag, path)
+    mtp = _int(args, "--mtp-num-layers", path, low=0) or 0
+    return {"stages": _int(args, "--pipeline-model-parallel-size", path) or 1,
+            "layout": args["--pipeline-model-parallel-layout"][0][0], "num_layers": num_layers, "mtp": mtp,
+            "granularity": granularity, "modules": list(modules) if granularity == "selective" else [],
+            "method": method if granularity == "full" else None, "num": num if granularity == "full" else 0,
+            "run": run, "overlap": "--overlap-p2p-comm" in args, "notes": notes}
+
+
+def check_layout(segments: tuple, values: dict, path: str) -> None:
+    """Megatron's layout checks (pipeline_parallel_layer_layout.py and the interleaving rule)."""
+    where = f"{path}: --pipeline-model-parallel-layout"
+    p, flat = values["stages"], "".join(segments)
+    v = len(segments) // p
+    if not flat.startswith("E") or flat.count("E") != 1:
+        raise ValueError(f"{where}: Megatron needs exactly one embedding (E), the first layer")
+    if not flat.endswith("L") or flat.count("L") != 1:
+        raise ValueError(f"{where}: Megatron needs exactly one loss (L), the last layer")
+    if flat.count("t") != values["num_layers"]:
+        raise ValueError(f"{where}: {flat.count('t')} decoder layers (t), but --num-layers {values['num_layers']}")
+    if flat.count("m") != values["mtp"]:
+        raise ValueError(f"{where}: {flat.count('m')} MTP layers (m), but --mtp-num-layers "
+                         f"{values['mtp'] or 'is not set'}")
+    if "m" in flat:
+        if "t" in flat[flat.index("m"):]:
+            raise ValueError(f"{where}: Megatron places MTP layers (m) after every decoder layer")
+        holding = [i for i, seg in enumerate(segments) if "m" in seg]
+        if len(holding) > 1 or holding[0] // p != v - 1:
+            raise ValueError(f"{where}: Megatron keeps all MTP layers (m) in one virtual stage, the last of its "
+                             "pipeline rank")
+    if v > 1 and not (p > 2 or (values["overlap"] and p > 1)):
+        raise ValueError(f"{where}: {v} virtual stages per rank: Megatron's interleaved schedule needs more than 2 "
+                         "pipeline stages (or more than 1 with --overlap-p2p-comm)")
+
+
+def run_flags(run: Any, chunks: int) -> list[str]:
+    """The parallel sizes, batch, sequence and optimizer flags of a run."""
+    out = [f"--tensor-model-parallel-size {run.tp}"]
+    if run.sequence_parallel and run.tp > 1:  # Megatron turns it off itself at TP 1
+        out.append("--sequence-parallel")
+    out.append(f"--context-parallel-size {run.cp}")
+    if run.moe:  # grouped GEMM: the experts' matrices as the cost model runs them; moe_act needs it
+        out += [f"--expert-model-parallel-size {run.ep}", f"--expert-tensor-parallel-size {run.etp}",
+                "--moe-grouped-gemm"]
+    out += [f"--micro-batch-size {run.micro_batch}", f"--global-batch-size {run.global_batch}",
+            f"--seq-length {run.seq}"]
+    if run.distributed_optimizer:
+        out.append("--use-distributed-optimizer")
+    if chunks > 1 and run.pp == 2:
+        out.append("--overlap-p2p-comm")  # arguments.py: interleaving on 2 stages needs it
+    return out
+
+
+def conflicts(plan: Any, setting: Any) -> list[str]:
+    """Comment lines: the flags an existing script must drop for these to hold."""
+    run = plan.run
+    drop = list(LAYOUT_CONFLICTS) + ["--recompute-activations", "--moe-layer-recompute",
+                                     "--distribute-saved-activations"]
+    if run is not None and not (run.sequence_parallel and run.tp > 1):
+        drop.append("--sequence-parallel")
+    if run is not None and not run.distributed_optimizer:
+        drop.append("--use-distributed-optimizer")
+    if not plan.mtp:
+        drop.append("--mtp-num-layers")
+    lines = ["remove from your script (Megatron refuses them beside a layout, or they change this run):"]
+    for i in range(0, len(drop), 3):
+        lines.append("  " + " ".join(drop[i:i + 3]))
+    lines.append("  and every other --recompute-* flag: the recompute flags above replace yours"
+                 if setting.flags() else "  and every --recompute-* flag: this plan recomputes nothing")
+    return lines

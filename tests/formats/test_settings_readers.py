@@ -1,0 +1,227 @@
+"""The Megatron and MindFormers readers agree with the frameworks and refuse what they would ignore:
+unknown, misspelt and duplicated names (by name, with "did you mean"), contradictions Megatron or
+MindFormers would refuse, oversized files before parsing, and bad arguments to the public API.
+Each case: ``rank --from`` exits 2 with one line naming the file and the key, or reads the file as
+the framework does."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from framework_rules import _format
+from paths import EXAMPLES
+
+from gpuknap.cli import main
+from gpuknap.formats import framework, load_spec, megatron, mindformers, read_settings
+from gpuknap.formats._settings import MAX_SETTINGS_BYTES
+
+DEMO = os.path.join(EXAMPLES, "demo.json")  # HEAD, 96 BODY, TAIL
+LLAMA = os.path.join(EXAMPLES, "llama2_7b_config.json")  # embedding, 32 dense, output
+MEG = ("--num-layers 96\n--pipeline-model-parallel-size 2\n"
+       "--pipeline-model-parallel-layout 'Et*48|t*48L'\n")
+MF = ("parallel_config: {pipeline_stage: 2, micro_batch_num: 32}\n"
+      "model: {model_config: {num_layers: 96, offset: [0, 0]}}\n")
+
+
+def rank(capsys, tmp_path, content, *extra, name="s.txt", spec=DEMO):
+    path = tmp_path / name
+    path.write_text(content)
+    rc = main(["rank", spec, "--from", str(path), "--quiet", *extra])
+    out = capsys.readouterr()
+    return rc, out.out, out.err, str(path)
+
+
+def refused(capsys, tmp_path, content, words, name="s.txt", spec=DEMO, *extra):
+    rc, _, err, path = rank(capsys, tmp_path, content, *extra, name=name, spec=spec)
+    lines = err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1, err
+    for w in [path, *words]:
+        assert w in lines[0], (w, lines[0])
+
+
+@pytest.mark.parametrize("content, words", [
+    (MEG + "--recompute-granularity full --recompute-method blocky --recompute-num-layers 2\n",
+     ["--recompute-method", "'blocky'", "block or uniform"]),
+    ("--num-layers 20\n--pipeline-model-parallel-size 2\n--pipeline-model-parallel-layout 'Et*48|t*48L'\n",
+     ["96 decoder layers", "--num-layers 20"]),
+    (MEG + "--recompute-granularty full\n", ["--recompute-granularty", "did you mean --recompute-granularity"]),
+    (MEG + "--recompute_granularity full\n", ["--recompute_granularity", "did you mean --recompute-granularity"]),
+    (MEG + "--micro-batch-size 1\n--micro-batch-size 2\n", ["--micro-batch-size", "given twice"]),
+    ("--pipeline-model-parallel-size 2\n--num-layers 96\n", ["--pipeline-model-parallel-layout: missing"]),
+    ("--pipeline-model-parallel-size 2\n--pipeline-model-parallel-layout 'Et*48|t*48L'\n", ["--num-layers: missing"]),
+    (MEG + "--num-virtual-stages-per-pipeline-rank 2\n", ["--num-virtual-stages-per-pipeline-rank", "layout"]),
+    (MEG + "--decoder-first-pipeline-num-layers 4\n", ["--decoder-first-pipeline-num-layers"]),
+    (MEG + "--account-for-loss-in-pipeline-split\n", ["--account-for-loss-in-pipeline-split"]),
+    (MEG + "--recompute-granularity full\n", ["--recompute-method is missing"]),
+    (MEG + "--recompute-granularity full --recompute-method block\n", ["--recompute-num-layers is missing"]),
+    (MEG + "--recompute-granularity selective --recompute-method block\n", ["--recompute-method", "selective"]),
+    (MEG + "--tensor-model-parallel-size $TP\n", ["--tensor-model-parallel-size", "shell variable"]),
+    (MEG + "--recompute-granularity selective --recompute-modules core_attn\n", ["SLCT", "MindFormers"]),
+    (MEG + "--sequence-parallel=true\n", ["--sequence-parallel", "switch"]),
+    ("--num-layers 96\n--pipeline-model-parallel-size 2\n--pipeline-model-parallel-layout 'Et*24|t*24|t*24|t*24L'\n",
+     ["interleaved", "more than 2"]),
+    ("--num-layers 95\n--mtp-num-layers 1\n--pipeline-model-parallel-size 2\n"
+     "--pipeline-model-parallel-layout 'Et*47m|t*48L'\n", ["MTP layers (m) after every decoder layer"]),
+    ("--num-layers 96\n--pipeline-model-parallel-size 2\n--pipeline-model-parallel-layout 'Et*48|t*48 L'\n",
+     ["cannot read the layout", "' '"]),
+])
+def test_megatron_reader_refuses_by_name(capsys, tmp_path, content, words):
+    refused(capsys, tmp_path, content, words)
+
+
+def test_a_torchrun_script_with_continuations_and_arrays_is_read(capsys, tmp_path):
+    script = """#!/bin/bash
+# a launch script as Megatron's examples write them
+GPUS_PER_NODE=8
+MODEL_ARGS=(
+    --num-layers 32   # every decoder layer
+    --hidden-size 4096
+)
+torchrun --nproc_per_node $GPUS_PER_NODE pretrain_gpt.py \\
+    ${MODEL_ARGS[@]} \\
+    --pipeline-model-parallel-size 2 \\
+    --pipeline-model-parallel-layout "Et*16|t*16L" \\
+    --recompute-granularity full --recompute-method block --recompute-num-layers 3 \\
+    --micro-batch-size 1 --seq-length 4096 --tensor-model-parallel-size 8
+"""
+    path = tmp_path / "run.sh"
+    path.write_text(script)
+    st = read_settings(str(path))
+    assert st.stages == 2 and st.granularity == "full" and (st.method, st.num) == ("block", 3)
+    rc = main(["rank", LLAMA, "--capacity", "80GiB", "--micro-batches", "32", "--from", str(path), "--quiet"])
+    out = capsys.readouterr()
+    assert rc in (0, 1), out.err
+    assert "FULLx3 NONEx13" in out.out
+
+
+def test_uniform_recompute_keeps_one_input_per_group(tmp_path):
+    """recompute.py: uniform N checkpoints groups of N layers, one saved input each: a stage's
+    activations are those of ceil(n / N) layers' inputs, not n."""
+    spec = load_spec(LLAMA, capacity="80GiB", micro_batches=32, seq=4096, tensor_parallel=8)
+    model = spec.model
+    rows = {}
+    for method, n in (("block", 16), ("uniform", 1), ("uniform", 4), ("uniform", 16)):
+        path = tmp_path / f"{method}{n}.sh"
+        path.write_text("--num-layers 32 --pipeline-model-parallel-size 2 --pipeline-model-parallel-layout "
+                        f"Et*16\\|t*16L --recompute-granularity full --recompute-method {method} "
+                        f"--recompute-num-layers {n}\n")
+        st = megatron.load(str(path))
+        counts, names = st.split(model)
+        ev = framework.evaluate(model, counts, names)
+        rows[(method, n)] = ev
+        assert names.count("FULL") == (32 if n == 1 or method == "block" else 2 * -(-16 // n))
+    assert rows[("block", 16)].memory == rows[("uniform", 1)].memory
+    assert rows[("uniform", 4)].memory[0] < rows[("uniform", 1)].memory[0]
+    assert rows[("uniform", 16)].memory[0] < rows[("uniform", 4)].memory[0]
+    assert rows[("uniform", 4)].times == rows[("uniform", 1)].times  # every layer recomputed once either way
+
+
+@pytest.mark.parametrize("content, words", [
+    (MF.replace("offset: [0, 0]", "offset: [0, 0], pp_interleave_nun: 2"),
+     ["pp_interleave_nun", "did you mean 'pp_interleave_num'"]),
+    (MF + "recompute_config: {select_recompte: [1, 1]}\n", ["select_recompte", "did you mean 'select_recompute'"]),
+    (MF.replace("offset: [0, 0]", "offest: [1, -1]"), ["offest", "did you mean 'offset'"]),
+    (MF + "recompute_confg: {recompute: [1, 1]}\n", ["recompute_confg", "did you mean 'recompute_config'"]),
+    (MF + "parallel_config: {pipeline_stage: 2}\n", ["parallel_config", "given twice"]),
+    (MF.replace("micro_batch_num: 32", "micro_batch_num: 32, data_paralel: 2"), ["data_paralel", "data_parallel"]),
+    (MF.replace("offset: [0, 0]", "offset: [[0, 0], [0, 0]], pp_interleave_num: 2"),
+     ["offset", "pipeline_interleave: True"]),
+    (MF.replace("offset: [0, 0]", "offset: [0, 0], mtp_depth: 1"), ["offset", "remainder", "1"]),
+    (MF + "recompute_config: {recompute: [1, 1, 1]}\n", ["recompute_config.recompute", "3 counts for 2 stages"]),
+    (MF + "recompute_config: {recompute: [-1, 1]}\n", ["recompute_config.recompute", "negative"]),
+    (MF + "recompute_config: {select_recompute: {'feed_forward\\.mul': [1, 1]}}\n", ["per-pattern"]),
+    (MF + "swap_config: {swap: True}\n", ["swap_config.swap"]),
+    (MF + "use_legacy: False\nrecompute_config: {recompute: [1, 1]}\n"
+     "model: {model_config: {recompute: [1, 1]}}\n", ["model", "given twice"]),
+])
+def test_mindformers_reader_refuses_by_name(capsys, tmp_path, content, words):
+    refused(capsys, tmp_path, content, words, name="mf.yaml")
+
+
+def test_mindformers_yaml_mentioning_megatron_flags_in_a_comment_is_mindformers(tmp_path):
+    path = tmp_path / "mf.yaml"
+    path.write_text("# converted from --pipeline-model-parallel-layout 'Et*48|t*48L'\n" + MF)
+    assert isinstance(read_settings(str(path)), mindformers.Settings)
+
+
+def test_mcore_reads_select_lists_from_model_config(tmp_path):
+    """transformer_config_utils.py converts only ``recompute`` from the recompute configuration:
+    an mcore model's select lists live in model_config; those in recompute_config do nothing."""
+    body = MF + "recompute_config: {select_recompute: [3, 0]}\n"
+    path = tmp_path / "legacy.yaml"
+    path.write_text(body)
+    assert read_settings(str(path)).select == (3, 0)
+    path = tmp_path / "mcore.yaml"
+    path.write_text(body + "use_legacy: False\n")
+    st = read_settings(str(path))
+    assert st.select == (0, 0) and any("not read by mcore" in n for n in st.notes)
+    path.write_text(MF.replace("offset: [0, 0]", "offset: [0, 0], select_recompute: [3, 0]") + "use_legacy: False\n")
+    assert read_settings(str(path)).select == (3, 0)
+
+
+def test_flat_recompute_lists_spread_over_chunks_as_mindformers_does(tmp_path):
+    """``_alloc_recompute_layer``: a count per stage goes to its chunks one layer at a time."""
+    body = ("parallel: {pipeline_config: {pipeline_interleave: True}}\n"
+            "parallel_config: {pipeline_stage: 4}\n"
+            "model: {model_config: {num_layers: 96, pp_interleave_num: 3, offset: [[-2, 0, 0, 0], [0, 0, 0, 0], "
+            "[0, 0, 0, 2]]}}\nrecompute_config: {recompute: [7, 0, 30, 5], select_recompute: True}\n")
+    path = tmp_path / "mf.yaml"
+    path.write_text(body)
+    st = read_settings(str(path))
+    layers = np.array(st.decoders).reshape(3, 4)
+    want = _format([7, 0, 30, 5], layers)
+    assert np.array_equal(np.array(st.recompute).reshape(3, 4), want)
+    assert st.select == st.decoders
+
+
+def test_mtp_layers_count_with_the_offsets(tmp_path):
+    """LayerSetting is built over num_layers + MTP layers; the MTP layers are the last ids."""
+    path = tmp_path / "mf.yaml"
+    path.write_text(MF.replace("num_layers: 96", "num_layers: 95").replace("offset: [0, 0]",
+                                                                            "offset: [0, 0], mtp_depth: 1"))
+    st = read_settings(str(path))
+    assert st.mtp == 1 and st.decoders == (48, 47)
+
+
+def test_oversized_settings_are_refused_before_parsing(capsys, tmp_path):
+    refused(capsys, tmp_path, "--num-layers 96 " * (MAX_SETTINGS_BYTES // 10), ["bytes", "settings"])
+
+
+def test_rank_from_builds_the_model_the_settings_run(capsys, tmp_path):
+    """The file's sizes fill the flags not given; a flag that says otherwise is refused by name."""
+    block = ("--num-layers 32 --pipeline-model-parallel-size 4 --pipeline-model-parallel-layout 'Et*8|t*8|t*8|t*8L'"
+             " --tensor-model-parallel-size 8 --sequence-parallel --micro-batch-size 2 --global-batch-size 64"
+             " --seq-length 4096 --use-distributed-optimizer\n")
+    rc, out, err, _ = rank(capsys, tmp_path, block, "--capacity", "80GiB", "--json", spec=LLAMA)
+    assert rc == 0, err
+    rc2 = main(["rank", LLAMA, "--capacity", "80GiB", "--tp", "8", "--seq", "4096", "--micro-batch-size", "2",
+                "--micro-batches", "32", "--from", str(tmp_path / "s.txt"), "--quiet", "--json"])
+    assert rc2 == 0 and capsys.readouterr().out == out
+    refused(capsys, tmp_path, block, ["--tp 4", "tp = 8"], "s.txt", LLAMA, "--capacity", "80GiB", "--tp", "4")
+    refused(capsys, tmp_path, block, ["--micro-batches 16", "32 micro-batches"], "s.txt", LLAMA, "--capacity",
+            "80GiB", "--micro-batches", "16")
+
+
+def test_public_api_names_the_bad_argument(tmp_path):
+    with pytest.raises(ValueError, match="stages"):
+        megatron.parse_layout("Et|tL", stages=0)
+    with pytest.raises(ValueError, match="stages"):
+        megatron.parse_layout("Et|tL", stages=True)
+    with pytest.raises(ValueError, match="layout"):
+        megatron.parse_layout(None)
+    with pytest.raises(ValueError, match="where"):
+        megatron.parse_layout("EtL", where=3)
+    for load in (megatron.load, mindformers.load, read_settings):
+        with pytest.raises(ValueError, match="path"):
+            load(None)
+    for dump in (megatron.dump, mindformers.dump):
+        with pytest.raises(ValueError, match="plan"):
+            dump("not a plan")
+        with pytest.raises(ValueError, match="plan"):
+            dump(framework.FrameworkPlan("x", 1, 1, ()))
+    model = load_spec(DEMO).model
+    with pytest.raises(ValueError, match="names"):
+        framework.framework_plan(model, [98], ["NONE"])
+    with pytest.raises(ValueError, match="mtp"):
+        framework.framework_plan(model, [98], ["HEAD"] + ["NONE"] * 96 + ["TAIL"], mtp=-1)
