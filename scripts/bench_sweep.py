@@ -1,4 +1,13 @@
-"""Benchmark (issue 13): a sweep of the shipped Llama-2-70B example against a loop of best_splits.
+"""Benchmarks of the sweep.
+
+Issue 23 (``--top``): sweeps of at least 2,000 configurations, a Llama-2-70B-like spec on 1,024 GPUs
+(P, TP, CP, micro-batch size, v) and Mixtral-8x7B on 256 GPUs (adding EP and ETP): ``top=10`` (certified
+pruning) against the full sweep and against a loop of ``best_splits`` over the same configurations, the
+first 10 rows compared, and how many configurations were searched, pruned by bound and proved not to fit.
+
+Usage: python scripts/bench_sweep.py --top [--grids llama,mixtral] [--no-loop]
+
+Issue 13 (the rest): a sweep of the shipped Llama-2-70B example against a loop of best_splits.
 
 Usage: python scripts/bench_sweep.py [--backends numpy[,cupy]] [--dask-workers N] [--cells]
 Both sides produce the same rows (best split, score, simulated iteration time per
@@ -40,6 +49,17 @@ from gpuknap.sweep import (
 )
 
 LLAMA = os.path.join(ROOT, "gpuknap", "examples", "llama2_70b.json")
+MIXTRAL = os.path.join(ROOT, "gpuknap", "examples", "mixtral_8x7b_config.json")
+#: Issue 23's grids: (source, sweep keywords, grid).
+TOP_GRIDS = {
+    "llama": (LLAMA, dict(gpus=1024, global_batch=1024, device="h100"),
+              {"stages": [1, 2, 4, 5, 8, 10, 16, 20, 32, 40, 64, 80], "tensor_parallel": [1, 2, 4, 8],
+               "context_parallel": [1, 2, 4, 8], "micro_batch_size": [1, 2, 4, 8], "interleave": [1, 2, 4]}),
+    "mixtral": (MIXTRAL, dict(gpus=256, global_batch=1024, seq=4096, device="h100"),
+                {"stages": [1, 2, 4, 8], "tensor_parallel": [1, 2, 4, 8], "context_parallel": [1, 2],
+                 "expert_parallel": [1, 2, 4, 8], "expert_tensor_parallel": [1, 2, 4], "micro_batch_size": [1, 2, 4],
+                 "interleave": [1, 2]}),
+}
 GRID = {"stages": [1, 2, 4, 8, 16], "tensor_parallel": [1, 2, 4, 8], "micro_batch_size": [1, 2, 4, 8],
         "interleave": [1, 2]}
 GPUS, BATCH = 256, 1024
@@ -141,14 +161,66 @@ def cells_report(bucket: float) -> None:
           f"| {loop_cells / sweep_cells:.2f}x | {loop_cells / union:.2f}x |", flush=True)
 
 
+def top_loop(source: str, kw: dict, grid: dict, bucket: float) -> list:
+    """What a driver writes without the sweep: every valid configuration's model, best_splits,
+    the split's simulated iteration time; the 10 fastest (by the sweep's own row order)."""
+    from gpuknap.sweep import order_rows, run_configs
+
+    device = {"device": kw["device"]}
+    builder, _, bucket, tokens = builder_of(source, None, None, kw.get("seq"), bucket, device)
+    configs, _ = expand(grid, kw["gpus"], kw["global_batch"], builder.layers)
+    rows = []
+    for c in configs:  # run_configs on one configuration: best_splits and its simulation, nothing shared
+        try:
+            got, _ = run_configs([c], builder, global_batch=kw["global_batch"], score="1f1b", top=1, bucket=bucket,
+                                 backend="numpy", max_bytes=None, time_unit=1e-3, tokens=tokens)
+        except ValueError:
+            continue
+        rows += got
+    return order_rows(rows, configs)[:10]
+
+
+def top_report(names: list, loop: bool, bucket: float) -> None:
+    import json as _json
+
+    print("| grid | configurations (valid) | top=10 (s) | searched | pruned by bound | proved not to fit "
+          "| full sweep (s) | full / top | loop (s) | loop / top | first 10 rows identical |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|")
+    for name in names:
+        source, kw, grid = TOP_GRIDS[name]
+        total = int(np.prod([len(v) for v in grid.values()]))
+        tt, top = timed(lambda: sweep(source, grid, top=10, backend="numpy", bucket=bucket, **kw), 1)
+        tf, full = timed(lambda: sweep(source, grid, backend="numpy", bucket=bucket, **kw), 1)
+        same = _json.dumps(top.rows) == _json.dumps(full.rows[:10])
+        valid = full.searched
+        if loop:
+            tl, ref = timed(lambda: top_loop(source, kw, grid, bucket), 1)
+            same = same and _json.dumps(ref) == _json.dumps(full.rows[:10])
+            loop_cells = f"{tl:.1f} | {tl / tt:.1f}x"
+        else:
+            loop_cells = "- | -"
+        print(f"| {name} | {total:,} ({valid:,}) | {tt:.1f} | {top.searched} | {top.pruned} | {top.unfit} | {tf:.1f} "
+              f"| {tf / tt:.1f}x | {loop_cells} | {'yes' if same else 'NO'} |", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--top", action="store_true", help="issue 23: top=10 against the full sweep and a loop")
+    ap.add_argument("--grids", default="llama,mixtral")
+    ap.add_argument("--no-loop", action="store_true", help="with --top: leave the loop of best_splits out")
     ap.add_argument("--backends", default="numpy")
     ap.add_argument("--dask-workers", type=int, default=2)
     ap.add_argument("--cells", action="store_true", help="count DP cells instead of timing")
     args = ap.parse_args()
     print(f"# {platform.machine()}, {os.cpu_count()} cores, python {platform.python_version()}, "
           f"numpy {np.__version__}, {time.strftime('%Y-%m-%d')}")
+    if args.top:
+        for name in args.grids.split(","):
+            source, kw, grid = TOP_GRIDS[name]
+            print(f"# {name}: {os.path.basename(source)} {kw}, grid {grid}")
+        print()
+        top_report(args.grids.split(","), not args.no_loop, 16 * MEGABYTE)
+        return
     print(f"# {LLAMA}: {GPUS} GPUs, global batch {BATCH}, grid {GRID}\n")
     if args.cells:
         print("| bucket | loop DP cells | sweep DP cells | union of all problems | loop / sweep | loop / union |")

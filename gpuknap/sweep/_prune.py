@@ -36,8 +36,8 @@ from ..search import coverage
 #: Relative margin between a bound and a time before the bound prunes (the bound's sums and the
 #: simulation's add the same numbers in different orders).
 MARGIN = 1e-9
-#: Configurations searched in the first round (at least; then as many again as already searched).
-FIRST_ROUND = 32
+#: Configurations searched per round: the first round sets a cutoff soon, later ones share more work.
+FIRST_ROUND, ROUND = 16, 48
 #: Configuration keys a spec or config.json source's layer times depend on (the data-parallel size,
 #: the stages and the micro-batches change memory, sends and tails, not a layer's time).
 TIME_KEYS = ("tensor_parallel", "context_parallel", "expert_parallel", "expert_tensor_parallel",
@@ -153,7 +153,9 @@ def best_rows(configs: list, builder: Callable, top: int, run: Callable, order: 
 
     bounds, errors = lower_bounds(configs, builder, time_unit)
     skipped = [{"config": configs[i], "reason": why} for i, why in sorted(errors.items())]
-    todo = [i for i in np.argsort(bounds, kind="stable").tolist() if i not in errors]
+    # best bound first; equal bounds one chunk before more (cheaper searches set the cutoff sooner)
+    chunks = np.array([c["interleave"] for c in configs])
+    todo = [i for i in np.lexsort((chunks, bounds)).tolist() if i not in errors]
     rows: list = []
     deferred: list = []  # configurations no split of which fits (proved without a search)
     searched, at, size = 0, 0, FIRST_ROUND
@@ -180,7 +182,7 @@ def best_rows(configs: list, builder: Callable, top: int, run: Callable, order: 
         searched += len(chunk)
         rows = order(rows + new_rows)
         rows = _keep(rows, top)
-        size = max(size, searched)
+        size = ROUND
     if deferred and sum(r["feasible"] for r in rows) < top:  # their infeasible rows are among the first
         new_rows, bad = run(deferred)
         skipped += bad
