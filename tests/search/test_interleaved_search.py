@@ -8,6 +8,7 @@ import random
 import numpy as np
 import pytest
 from test_model import compositions
+from tie_rule import tie_rule
 
 from gpuknap import LayerOption, PipelineModel, best_splits
 from gpuknap.engine import Planner
@@ -51,9 +52,11 @@ def brute(model, p, v, kind):
         if None in keys:
             continue
         counts = tuple(keys[s][2][c] for c in range(v) for s in range(p))
-        ranked.append((score([k[0] for k in keys], kind, model.micro_batches, v), totals, counts))
-    ranked.sort(key=lambda e: (e[0], e[1]))
-    return ranked, min(every, default=None)
+        times = [k[0] for k in keys]
+        value = score(times, kind, model.micro_batches, v)
+        ranked.append((tie_rule(value, times, totals), value, totals, counts))
+    ranked.sort(key=lambda e: e[0])  # ties by the documented rule on the per-stage totals
+    return [e[1:] for e in ranked], min(every, default=None)
 
 
 @pytest.mark.parametrize("seed", range(14))

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_model import compositions, random_model
+from tie_rule import tie_rule
 
 from gpuknap import best_splits, pp_lite
 from gpuknap.schedule import iteration_times, simulate, timeline_of
@@ -27,14 +28,6 @@ def test_batched_simulator_equals_the_event_simulator(p, v, groups, p2p, data):
     for g in range(groups):
         want = simulate(fwd[g].tolist(), bwd[g].tolist(), m, schedule, delay).iteration_time
         assert got[g] == want  # bit for bit: the same additions in the same order
-
-
-def tie_rule(score, times, counts):
-    """The documented order of equal scores, written from docs/schedule.md: no idle stage, then the
-    least total, then the least spread between the slowest and the fastest stage, then counts."""
-    from fractions import Fraction
-    exact = [Fraction(t) for t in times]
-    return (score, 0 in exact, sum(exact), max(exact) - min(exact), tuple(counts))
 
 
 def brute_simulated(model, p, bucket):
