@@ -67,8 +67,9 @@ def check_schedule(schedule: str, stages: int, chunks: int, micro_batches: int, 
     return g
 
 
-def _table(m: int, v: int, g: int) -> list[tuple[int, int]]:
-    """Megatron's schedule table: per virtual micro-batch, ``(micro-batch, chunk)``."""
+def schedule_table(m: int, v: int, g: int) -> list[tuple[int, int]]:
+    """Megatron's schedule table for M micro-batches, v chunks and groups of g: per virtual
+    micro-batch (forward k), ``(micro-batch, chunk)``."""
     out: list[tuple[int, int]] = []
     for first in range(0, m, g):
         last = m if first + g >= m else first + g  # the last group takes every micro-batch left
@@ -91,7 +92,7 @@ def order(schedule: str, stages: int, chunks: int, micro_batches: int, group: in
             out.append(ops)
         return out
     total = m * v
-    table = _table(m, v, g)
+    table = schedule_table(m, v, g)
     out = []
     for s in range(p):
         if schedule == "interleaved-legacy" and m == p:

@@ -166,9 +166,12 @@ def best_interleaved(model: Any, p: int, chunks: int, top: int, score: str, buck
         if score == "simulated":  # every tuple on its own, from the closed form's best splits
             seeds = best_interleaved(model, p, chunks, max(8, 2 * top), "1f1b", bucket, backend, in_flight, max_bytes)
             most = most_layers(model, fronts, table)
-            out.extend(top_interleaved_simulated(model, p, chunks, top, table, fronts, fastest, most,
-                                                 [list(c) for c, _ in seeds], bucket, backend, in_flight,
-                                                 max_bytes))
+            found, exact, lower = top_interleaved_simulated(model, p, chunks, top, table, fronts, fastest, most,
+                                                            [list(c) for c, _ in seeds], bucket, backend,
+                                                            in_flight, max_bytes)
+            out.extend(found)
+            out.exact, out.lower_bound = exact, lower
+            return out
         else:
             source = TupleSource(model, p, chunks, table, fronts, fastest)
             found = run_rounds(interleaved_rounds(source, p, chunks, top, score, m), source,
