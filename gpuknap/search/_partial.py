@@ -23,6 +23,8 @@ from ._segments import SegmentTable
 CHAINS = 8
 #: Points of the grid of "largest backward time placed" for the remaining stages' bound.
 GRID = 48
+#: Points of that grid at first (a search that runs long refines it to ``GRID``).
+FIRST_GRID = 6
 
 
 class Bounds:
@@ -33,20 +35,24 @@ class Bounds:
         self.T, self.m = T, m
         self.fl = T.pull(forward_low, 0.0) - forward_low[:, None]  # [a, j]: least forward of layers a:a+1+j
         self.fh = T.pull(forward_high, 0.0) - forward_high[:, None]
-        self.grid = self._grid()
+        self.refine(FIRST_GRID)
+
+    def refine(self, points: int) -> None:
+        """Keep the remaining stages' bound for a grid of ``points`` values (and 0)."""
+        self.grid = self._grid(points)
         self._programs()
 
-    def _grid(self) -> np.ndarray:
+    def _grid(self, points: int) -> np.ndarray:
         """The values of "largest backward time placed" the remaining stages' bound is kept for:
         the backward times of the segments no longer than twice an even share of the layers'
-        fastest time (the ones splits near the best use), at most ``GRID`` of them, and 0."""
+        fastest time (the ones splits near the best use), at most ``points`` of them, and 0."""
         T = self.T
         back = T.band - self.fh[None]
         finite = np.isfinite(back)
         short = finite & (T.band <= 2.0 * self._share())
         values = np.unique(back[short if short.any() else finite])
-        if len(values) > GRID:
-            values = values[np.linspace(0, len(values) - 1, GRID).round().astype(np.int64)]
+        if len(values) > points:
+            values = values[np.linspace(0, len(values) - 1, points).round().astype(np.int64)]
         return np.unique(np.concatenate(([0.0], values)))
 
     def _share(self) -> float:

@@ -40,7 +40,7 @@ import numpy as np
 from ..engine import report
 from ..schedule import iteration_times
 from ._critical import split_bounds
-from ._partial import Bounds
+from ._partial import GRID, Bounds
 from ._segments import SegmentTable
 from ._ties import tie_key
 
@@ -103,10 +103,20 @@ def _improve(B: Bounds, split: np.ndarray, value: float, rounds: int = 200) -> t
     return split, value
 
 
-def first_bound(B: Bounds, top: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def first_bound(B: Bounds, top: int, earlier: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Some good splits with their ``(low, high)`` simulated times: a beam by bound, the beam's
     best splits with their stage sizes sorted (longest stages first, and last), then moves of
-    one boundary from the best while the simulated time falls."""
+    one boundary from the best while the simulated time falls.  ``earlier``: the splits of a
+    smaller table of the same search (every one of them is in this table too), used instead
+    of a beam when at least ``top``."""
+    if earlier is not None and len(earlier) >= top:
+        low, high = B.simulate(earlier)
+        best = int(np.argmin(high))
+        moved, _ = _improve(B, earlier[best].copy(), float(high[best]))
+        if (earlier == moved).all(axis=1).any():
+            return earlier, low, high
+        lo, hi = B.simulate(moved[None, :])
+        return np.vstack([earlier, moved[None, :]]), np.concatenate([low, lo]), np.concatenate([high, hi])
     splits = _beam(B, max(BEAM, 2 * top))
     if not len(splits):
         return splits, np.empty(0), np.empty(0)
@@ -161,7 +171,8 @@ def search(B: Bounds, top: int, max_bytes: int | None, first: tuple | None = Non
     up to the k-th best simulated time: a pass that finds k splits within its cut has seen
     every split that could beat them, so the search ends there (the cost of a pass grows
     steeply with its cut).  A pass that runs long is stopped once to move layers between
-    any two stages of the best splits found (a better k-th best cuts more), then resumed."""
+    any two stages of the best splits found (a better k-th best cuts more) and to refine
+    the grid of the remaining stages' bound, then resumed."""
     T, p = B.T, B.T.p
     pool, low, high = first if first is not None else first_bound(B, top)
     found = _Found(top, pool, low, high)
@@ -176,8 +187,9 @@ def search(B: Bounds, top: int, max_bytes: int | None, first: tuple | None = Non
             expanded, complete = _pass(B, found, limit, chunk, expanded, budget)
             if complete:
                 break
-            budget = None  # moves between any two stages, once; then the pass runs to its end
+            budget = None  # once: moves between any two stages, a finer grid; then the pass runs to its end
             found.add(_transfers(B, found), B)
+            B.refine(GRID)
         if found.tau <= limit * (1 + SLACK):
             break
     return found.candidates(p)
@@ -301,8 +313,8 @@ class Simulated:
         self._kept: tuple = (None, None, None)
 
     def _bounds(self, table: SegmentTable) -> Bounds:
-        if self._kept[0] is not table:
-            self._kept = (table, Bounds(table, self.m, self.forward_low, self.forward_high), None)
+        if self._kept[0] is not table:  # the splits found on the last table stay (tables only grow)
+            self._kept = (table, Bounds(table, self.m, self.forward_low, self.forward_high), self._kept[2])
         return self._kept[1]
 
     def first(self, limit: float) -> float:
@@ -311,8 +323,9 @@ class Simulated:
 
     def upper(self, table: SegmentTable, k: int) -> float:
         """An upper bound on the k-th best score (``inf`` when none was found for it)."""
+        earlier = self._kept[2][1][0] if self._kept[2] is not None and self._kept[2][0] == k else None
         B = self._bounds(table)
-        first = first_bound(B, k)
+        first = first_bound(B, k, earlier)
         self._kept = (table, B, (k, first))
         return _kth(first[2], k) * (1 + SLACK)
 

@@ -82,3 +82,28 @@ def test_simulated_score_refuses_the_bound():
     model = PipelineModel(["a"] * 4, {"a": [LayerOption("x", 1, 1.0, 1.0)]}, {"a": 0}, 100, 2)
     with pytest.raises(ValueError, match="simulated"):
         best_splits(model, 2, score="simulated", bound=True)
+
+
+def shaped_model(rng, layers, p):
+    """Random shapes: two to four kinds in any order, options whose forward times differ
+    (recompute in the forward, so a stage's forward time depends on its plan), tight or
+    roomy memory, 1 to 12 micro-batches."""
+    from gpuknap import LayerOption, PipelineModel
+
+    pool = ["head", "dense", "moe", "tail"][: rng.randint(2, 4)]
+    fronts = {k: [LayerOption(f"{k}{j}", rng.randint(0, 10), rng.randint(1, 8) / 2, rng.randint(0, 12) / 4,
+                              rng.randint(0, 3)) for j in range(rng.randint(1, 3))] for k in pool}
+    kinds = [rng.choice(pool) for _ in range(layers)]
+    return PipelineModel(kinds, fronts, {k: rng.randint(0, 4) for k in pool}, rng.choice([40, 60, 90, 400]),
+                         rng.randint(1, 12), reserved=rng.randint(0, 4))
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_simulated_search_equals_brute_force_up_to_six_stages(seed):
+    rng = random.Random(4000 + seed)
+    p = 2 + seed % 5
+    model = shaped_model(rng, rng.randint(p, min(p + 7, 12)), p)
+    want = brute_simulated(model, p, 1)
+    for top in (1, 3, 6):
+        got = best_splits(model, p, top, "simulated", 1, backend="numpy")
+        assert [(s, c) for c, s, _ in got] == want[:top], top
