@@ -169,8 +169,17 @@ def best_interleaved(model: Any, p: int, chunks: int, top: int, score: str, buck
             found, exact, lower = top_interleaved_simulated(model, p, chunks, top, table, fronts, fastest, most,
                                                             [list(c) for c, _ in seeds], bucket, backend,
                                                             in_flight, max_bytes)
+            if not exact:  # the walk ran out of budget: the local search from its best and the closed form's
+                def simulate(rows: np.ndarray) -> np.ndarray:
+                    return simulated_rows(model, rows, chunks, bucket, backend, in_flight, max_bytes)
+                starts = [c for c, _ in found] + [c for c, _ in seeds[:3]]
+                seen = dict(local_search(top, starts, simulate, lambda rows: overflow_rows(model, rows, chunks,
+                                                                                          in_flight)))
+                seen.update(found)
+                found = _tied(model, sorted(seen.items(), key=lambda e: (e[1], e[0])), top, bucket, backend,
+                              in_flight, chunks, max_bytes)
             out.extend(found)
-            out.exact, out.lower_bound = exact, lower
+            out.exact, out.lower_bound = exact, min(lower, out[0][1]) if out else lower
             return out
         else:
             source = TupleSource(model, p, chunks, table, fronts, fastest)

@@ -16,7 +16,7 @@ All the moves of a split are scored in one batch (``model.rank``), and the best
 improving one is taken until none improves.  Then deterministic kicks (three
 random moves from the best split found) restart the descent, then descents
 from ``SPREAD`` random splits (more while no split found fits, at most
-``RESTARTS``).  Starts:
+``RESTARTS``), until ``MAX_SCORED`` splits have been scored.  Starts:
 the caller's (the best plain split of ``v * P`` stages placed round-robin, the
 closed form's best) and the most even split; the best ``k`` splits seen are
 returned.
@@ -36,6 +36,8 @@ SPREAD = 4
 RESTARTS = 40
 #: Most descent steps per start.
 MAX_STEPS = 10_000
+#: Splits scored before the search stops (large models: the moves of a split are many).
+MAX_SCORED = 6_000
 
 
 def even_split(layers: int, parts: int) -> list[int]:
@@ -120,6 +122,8 @@ def local_search(top: int, starts: list, score_rows: Callable[[np.ndarray], np.n
     def descend(current: tuple) -> None:
         value = keys([current])[0]
         for _ in range(MAX_STEPS):
+            if len(seen) > MAX_SCORED:
+                return
             moves = _moves(current)
             if not moves:
                 return
@@ -136,7 +140,7 @@ def local_search(top: int, starts: list, score_rows: Callable[[np.ndarray], np.n
     layers, parts = sum(starts[0]), len(starts[0])
     for kick in range(KICKS + RESTARTS):
         fits = any(v[0] == 0.0 for v in seen.values())
-        if kick >= KICKS + SPREAD and fits:
+        if len(seen) > MAX_SCORED or (kick >= KICKS + SPREAD and fits):
             break  # more restarts only while nothing fits
         if kick < KICKS:  # a few random moves from the best split found
             kicked = min(seen, key=lambda r: (seen[r], r))

@@ -46,7 +46,7 @@ from ._rounds import Solver
 from ._ties import tie_key
 
 #: Partial splits a search expands before it stops with the best found (not proven optimal).
-BUDGET = 50_000
+BUDGET = 20_000
 #: Relative slack between a bound and the k-th best (sums in another order).
 SLACK = 1e-9
 
