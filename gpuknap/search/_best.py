@@ -17,8 +17,9 @@
 
 Interleaved pipelines (``interleave=v``): the exact search over per-stage
 chunk tuples where the model is one kind between its first and last layer,
-else a local search (:mod:`._interleaved`).  Ties are broken by the counts in
-lexicographic order.
+else a local search (:mod:`._local`); the simulated score of those models by a
+branch and bound over stage tuples (:mod:`._tuplesim`).  Ties are broken by the
+rule of :mod:`._ties` (no idle stage, the least total, the most even, the counts).
 """
 from __future__ import annotations
 
@@ -66,8 +67,9 @@ def best_splits(model: PipelineModel, stages: int, top: int = 1, score: str = "s
                 interleave: int = 1) -> list[tuple]:
     """The exact ``top`` splits of ``model`` into ``stages`` stages, best first.
 
-    Each entry is ``(counts, score, PipelineChoice)``; ties by counts in
-    lexicographic order.  An infeasible model gives an empty list.  Scores:
+    Each entry is ``(counts, score, PipelineChoice)``; ties by the rule of
+    :mod:`gpuknap.search._ties` (no idle stage, then the least total time, then
+    the most even, then the counts).  An infeasible model gives an empty list.  Scores:
     ``slowest`` (the slowest stage), ``1f1b`` (``(M - 1) * slowest + sum``) and
     ``simulated`` (Megatron's 1F1B schedule simulated with each stage's
     forward and backward times from its plan; :mod:`gpuknap.search._simulated`).

@@ -15,7 +15,7 @@ plain one over those per-stage totals (:mod:`gpuknap.search`), with a table
 ``T[s, a, a + m]`` that does not depend on ``a``.  Every returned split gives
 each stage its fastest arrangement of chunks for its total; splits that only
 rearrange layers among the chunks of a stage at no better time are not listed
-separately, and ties are broken by the per-stage totals in lexicographic order.
+separately, and ties are broken by the rule of :mod:`._ties` on the per-stage totals.
 
 **Other models**: a local search (:mod:`._local`), documented as such (not
 proven optimal), returned with a lower bound on the optimum.
@@ -25,10 +25,11 @@ Scores: ``slowest``; ``1f1b`` becomes the interleaved closed form
 Megatron's bubble shrunk v times), ranked exactly as ``(vM - 1) * slowest + sum``.
 It sees stage totals only, not how a stage's layers spread over its chunks, and
 a schedule with unequal chunks runs slower than it says; ``simulated`` scores
-each split by Megatron's interleaved schedule itself, with the local search
-(every model), started from the closed form's three best splits too, and a
-lower bound of ``M`` times the least slowest stage (each stage is busy ``M``
-times its time).
+each split by Megatron's interleaved schedule itself: by a branch and bound over
+stage tuples where the model is one kind between its first and last layer
+(:mod:`._tuplesim`), else by the local search started from the closed form's
+three best splits too, with a lower bound of ``M`` times the least slowest stage
+(each stage is busy ``M`` times its time).
 """
 from __future__ import annotations
 

@@ -52,7 +52,8 @@ class Score(Protocol):
     prunes: bool
 
     def top(self, table: Any, k: int) -> list[tuple]:
-        """The exact best ``k`` splits on ``table`` as ``(counts, score)``, best first, ties by counts."""
+        """The exact best ``k`` splits on ``table`` as ``(counts, score)``, best first, ties by the
+        rule of :mod:`._ties`."""
 
     def reach(self, limit: float) -> float:
         """A lower bound on the score of any split using a segment whose fastest options take

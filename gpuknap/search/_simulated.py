@@ -8,21 +8,23 @@ function of the stage times that a dynamic program over stages could rank, so
 the search is a branch and bound over stages, with the batched simulator at the
 leaves:
 
-1. **Bounds** (:mod:`._critical`): the lengths of a few families of paths
-   (stay on one stage; go over the top first; bumps of extra warm-up forwards or
-   cool-down backwards on an earlier stage) are lower bounds; for equal stages
-   they are exact.  A partial split (stages 0..s-1 placed) carries the largest
-   of its own terms; what the stages still to place can add is bounded below by
-   two dynamic programs over the table (the least sum of the remaining stage
-   times, and the least largest term of the remaining stages, on a grid of the
-   largest backward time already placed).
-2. **A first bound on the k-th best**: a beam over stages by bound (the best 64
-   partial splits kept per stage), simulated, then improved by moving one
-   boundary at a time while the simulated time falls.
-3. **Depth-first over chunks of partial splits**, best bound first: children
-   whose bound exceeds the k-th best simulated time found are cut; complete
-   splits get the full bound, then are simulated in batches, and the k-th best
-   falls as better splits turn up.  The chunks are sized to ``max_bytes``.
+1. **Bounds** (:mod:`._critical`, :mod:`._partial`): the lengths of a few
+   families of paths of the schedule are lower bounds, exact for equal stages;
+   partial splits carry their own terms, and dynamic programs over the table
+   bound what the stages still to place can add.
+2. **A first k-th best**: a beam over stages by bound (the best 64 partial
+   splits kept per stage), its best splits with their stage sizes sorted,
+   simulated, then improved by moving one boundary at a time while the
+   simulated time falls (a later round of the same search starts from the
+   splits of the round before).
+3. **Passes of a depth-first walk** over chunks of partial splits, best bound
+   first, with a cut growing from the least bound of any split to the k-th
+   best: children above the cut or the k-th best simulated time found are cut;
+   complete splits get the full bounds, then are simulated in batches, and the
+   k-th best falls as better splits turn up.  A pass that finds k splits within
+   its cut ends the search.  A pass that runs long is stopped once to move layers
+   between any two stages of the best splits and refine the bounds.  The
+   chunks are sized to ``max_bytes``.
 4. The splits left are simulated with each stage's times from its plan and
    ranked by the rule every score shares (:func:`._ties.tie_key`).
 
