@@ -17,8 +17,9 @@
 
 Interleaved pipelines (``interleave=v``): the exact search over per-stage
 chunk tuples where the model is one kind between its first and last layer,
-else a local search (:mod:`._interleaved`).  Ties are broken by the counts in
-lexicographic order.
+else a local search (:mod:`._local`); the simulated score of those models by a
+branch and bound over stage tuples (:mod:`._tuplesim`).  Ties are broken by the
+rule of :mod:`._ties` (no idle stage, the least total, the most even, the counts).
 """
 from __future__ import annotations
 
@@ -43,17 +44,19 @@ from ._closed_form import ClosedForm
 from ._interleaved import (
     TupleSource,
     counts_of,
-    even_split,
     interleaved_score,
-    local_search,
+    most_layers,
     one_body_kind,
     simulated_rows,
 )
+from ._local import even_split, local_search, overflow_rows
 from ._model import PipelineModel
 from ._plain import plain_search
 from ._rounds import Found, Solver, certified_rounds, first_limit, run_rounds
 from ._segments import fastest_prefix
 from ._slowest import Slowest
+from ._ties import tie_key
+from ._tuplesim import top_interleaved_simulated
 
 SCORES = ("slowest", "1f1b", "simulated")
 
@@ -64,8 +67,9 @@ def best_splits(model: PipelineModel, stages: int, top: int = 1, score: str = "s
                 interleave: int = 1) -> list[tuple]:
     """The exact ``top`` splits of ``model`` into ``stages`` stages, best first.
 
-    Each entry is ``(counts, score, PipelineChoice)``; ties by counts in
-    lexicographic order.  An infeasible model gives an empty list.  Scores:
+    Each entry is ``(counts, score, PipelineChoice)``; ties by the rule of
+    :mod:`gpuknap.search._ties` (no idle stage, then the least total time, then
+    the most even, then the counts).  An infeasible model gives an empty list.  Scores:
     ``slowest`` (the slowest stage), ``1f1b`` (``(M - 1) * slowest + sum``) and
     ``simulated`` (Megatron's 1F1B schedule simulated with each stage's
     forward and backward times from its plan; :mod:`gpuknap.search._simulated`).
@@ -160,13 +164,33 @@ def best_interleaved(model: Any, p: int, chunks: int, top: int, score: str, buck
     fastest = fastest_prefix(model, fronts, kind_index(model), 1)
     m = model.micro_batches
     out = Found()
-    if one_body_kind(model) and score != "simulated":
-        source = TupleSource(model, p, chunks, table, fronts, fastest)
-        found = run_rounds(interleaved_rounds(source, p, chunks, top, score, m), source, Solver(backend, max_bytes))
-        out.extend(interleaved_counts(found, source, p, chunks, score))
+    if one_body_kind(model):
+        if score == "simulated":  # every tuple on its own, from the closed form's best splits
+            seeds = best_interleaved(model, p, chunks, max(8, 2 * top), "1f1b", bucket, backend, in_flight, max_bytes)
+            most = most_layers(model, fronts, table)
+            found, exact, lower = top_interleaved_simulated(model, p, chunks, top, table, fronts, fastest, most,
+                                                            [list(c) for c, _ in seeds], bucket, backend,
+                                                            in_flight, max_bytes)
+            if not exact:  # the walk ran out of budget: the local search from its best and the closed form's
+                def simulate(rows: np.ndarray) -> np.ndarray:
+                    return simulated_rows(model, rows, chunks, bucket, backend, in_flight, max_bytes)
+                starts = [c for c, _ in found] + [c for c, _ in seeds[:3]]
+                seen = dict(local_search(top, starts, simulate, lambda rows: overflow_rows(model, rows, chunks,
+                                                                                          in_flight)))
+                seen.update(found)
+                found = _tied(model, sorted(seen.items(), key=lambda e: (e[1], e[0])), top, bucket, backend,
+                              in_flight, chunks, max_bytes)
+            out.extend(found)
+            out.exact, out.lower_bound = exact, min(lower, out[0][1]) if out else lower
+            return out
+        else:
+            source = TupleSource(model, p, chunks, table, fronts, fastest)
+            found = run_rounds(interleaved_rounds(source, p, chunks, top, score, m), source,
+                               Solver(backend, max_bytes))
+            out.extend(interleaved_counts(found, source, p, chunks, score))
         out.lower_bound = out[0][1] if out else math.nan
         return out
-    # Heterogeneous models, or the simulated score: local search from several starts.
+    # Other models: local search from several starts (not proven optimal), with a lower bound.
     starts = [even_split(model.layers, p * chunks)]
     try:
         plain = plain_search(model, p * chunks, 1, "slowest", bucket, backend, None, max_bytes)
@@ -174,22 +198,34 @@ def best_interleaved(model: Any, p: int, chunks: int, top: int, score: str, buck
     except ValueError:  # the plain search may refuse (in-flight table, size): the even start remains
         pass
     slowest = max(float(fastest[-1]) / p, float(np.diff(fastest).max(initial=0.0)))
+    overflow = lambda rows: overflow_rows(model, rows, chunks, in_flight)  # noqa: E731
     if score == "simulated":  # start from the closed form's best; each stage is busy M * t_s
         closed = best_interleaved(model, p, chunks, 3, "1f1b", bucket, backend, in_flight, max_bytes)
         starts = [c for c, _ in closed] + starts
-        least = best_interleaved(model, p, chunks, 1, "slowest", bucket, backend, in_flight, max_bytes)
-        if least and least.exact:
-            slowest = least[0][1]
-        out.extend(local_search(top, starts, lambda rows: simulated_rows(
-            model, rows, chunks, bucket, backend, in_flight, max_bytes)))
-        out.exact, out.lower_bound = False, m * slowest
-        return out
 
-    def score_rows(rows: np.ndarray) -> np.ndarray:
-        times = model.rank(rows, bucket, backend, in_flight, chunks, max_bytes).stage_table()
-        return interleaved_score(times, score, m, chunks)
-
-    out.extend(local_search(top, starts, score_rows))
-    out.exact = False
-    out.lower_bound = slowest if score == "slowest" else ((chunks * m - 1) * slowest + float(fastest[-1])) / chunks
+        def score_rows(rows: np.ndarray) -> np.ndarray:
+            return simulated_rows(model, rows, chunks, bucket, backend, in_flight, max_bytes)
+        bound = m * slowest
+    else:
+        def score_rows(rows: np.ndarray) -> np.ndarray:
+            times = model.rank(rows, bucket, backend, in_flight, chunks, max_bytes).stage_table()
+            return interleaved_score(times, score, m, chunks)
+        bound = slowest if score == "slowest" else ((chunks * m - 1) * slowest + float(fastest[-1])) / chunks
+    ranked = local_search(top, starts, score_rows, overflow)
+    out.extend(_tied(model, ranked, top, bucket, backend, in_flight, chunks, max_bytes))
+    out.exact, out.lower_bound = False, bound
     return out
+
+
+def _tied(model: Any, ranked: list, top: int, bucket: float, backend: Any, in_flight: Any, chunks: int,
+          max_bytes: int | None) -> list[tuple]:
+    """The ``top`` best of ``ranked`` (every split seen, best first) with ties at the k-th score
+    ordered by the rule of :mod:`._ties` (the stages' times of each split)."""
+    if len(ranked) <= top and all(ranked[i][1] != ranked[i + 1][1] for i in range(len(ranked) - 1)):
+        return ranked
+    kth = ranked[min(top, len(ranked)) - 1][1]
+    near = [(c, v) for c, v in ranked if v <= kth]
+    times = model.rank(np.array([c for c, _ in near], dtype=np.int64), bucket, backend, in_flight, chunks,
+                       max_bytes).stage_table()
+    order = sorted(range(len(near)), key=lambda i: tie_key(near[i][1], times[i], near[i][0]))
+    return [near[i] for i in order[:top]]

@@ -15,25 +15,21 @@ plain one over those per-stage totals (:mod:`gpuknap.search`), with a table
 ``T[s, a, a + m]`` that does not depend on ``a``.  Every returned split gives
 each stage its fastest arrangement of chunks for its total; splits that only
 rearrange layers among the chunks of a stage at no better time are not listed
-separately, and ties are broken by the per-stage totals in lexicographic order.
+separately, and ties are broken by the rule of :mod:`._ties` on the per-stage totals.
 
-**Other models**: a local search, documented as such (not proven optimal):
-from several starts (the best plain split into ``v * P`` stages placed
-round-robin, and the most even split), every move of one boundary between
-segments by one or two layers, or of two boundaries by one layer, is scored
-exactly in one batch (``model.rank``), the best improving move is taken until
-none improves, and the best splits seen are returned with a lower bound on
-the optimum.
+**Other models**: a local search (:mod:`._local`), documented as such (not
+proven optimal), returned with a lower bound on the optimum.
 
 Scores: ``slowest``; ``1f1b`` becomes the interleaved closed form
 ``(M - 1/v) * slowest + sum / v`` (for equal stages ``M t + (P - 1) t / v``,
 Megatron's bubble shrunk v times), ranked exactly as ``(vM - 1) * slowest + sum``.
 It sees stage totals only, not how a stage's layers spread over its chunks, and
 a schedule with unequal chunks runs slower than it says; ``simulated`` scores
-each split by Megatron's interleaved schedule itself, with the local search
-(every model), started from the closed form's three best splits too, and a
-lower bound of ``M`` times the least slowest stage (each stage is busy ``M``
-times its time).
+each split by Megatron's interleaved schedule itself: by a branch and bound over
+stage tuples where the model is one kind between its first and last layer
+(:mod:`._tuplesim`), else by the local search started from the closed form's
+three best splits too, with a lower bound of ``M`` times the least slowest stage
+(each stage is busy ``M`` times its time).
 """
 from __future__ import annotations
 
@@ -226,12 +222,6 @@ def counts_of(totals: tuple, choice: dict, p: int, chunks: int) -> tuple:
     return tuple(out)
 
 
-def even_split(layers: int, parts: int) -> list[int]:
-    """The most even split of ``layers`` into ``parts`` (larger parts last)."""
-    base, extra = divmod(layers, parts)
-    return [base + (1 if i >= parts - extra else 0) for i in range(parts)]
-
-
 def interleaved_score(times: np.ndarray, score: str, micro_batches: int, chunks: int) -> np.ndarray:
     """Scores of rows of stage times ``[B, P]`` (``inf`` rows stay ``inf``)."""
     slowest = times.max(axis=1)
@@ -240,63 +230,6 @@ def interleaved_score(times: np.ndarray, score: str, micro_batches: int, chunks:
     with np.errstate(invalid="ignore"):
         return np.where(np.isfinite(slowest), ((chunks * micro_batches - 1) * slowest + times.sum(axis=1)) / chunks,
                         np.inf)
-
-
-def local_search(top: int, starts: list, score_rows: Any,
-                 max_rounds: int = 10_000) -> list[tuple]:
-    """Best-improvement local search over the moves of :func:`_moves`, from each start; ``score_rows(rows [B, P*v]) -> scores [B]``; returns the ``top``
-    best ``(counts, score)`` of every split scored (ties by counts)."""
-    seen: dict[tuple, float] = {}
-
-    def scores(rows: list) -> list[float]:
-        new = [r for r in dict.fromkeys(rows) if r not in seen]
-        if new:
-            for r, v in zip(new, np.asarray(score_rows(np.array(new, dtype=np.int64))).tolist()):
-                seen[r] = v
-        return [seen[r] for r in rows]
-
-    for start in starts:
-        current = tuple(start)
-        value = scores([current])[0]
-        for _ in range(max_rounds):
-            moves = _moves(current)
-            if not moves:
-                break
-            values = scores(moves)
-            best = min(range(len(moves)), key=lambda j: (values[j], moves[j]))
-            if not values[best] < value:
-                break
-            current, value = moves[best], values[best]
-    ranked = sorted((v, c) for c, v in seen.items() if math.isfinite(v))
-    return [(c, v) for v, c in ranked[:top]]
-
-
-def _shift(counts: tuple, i: int, d: int) -> tuple | None:
-    """Move boundary i (between segments i and i + 1) by d layers; None if a segment empties."""
-    row = list(counts)
-    row[i] -= d
-    row[i + 1] += d
-    return tuple(row) if row[i] >= 1 and row[i + 1] >= 1 else None
-
-
-def _moves(counts: tuple) -> list[tuple]:
-    """Every split one or two boundary shifts of one layer away (two boundaries: a layer
-    passed along, or two segments growing or shrinking at once), and single shifts of two."""
-    k = len(counts)
-    out = []
-    for i in range(k - 1):
-        for d in (1, -1, 2, -2):
-            row = _shift(counts, i, d)
-            if row is not None:
-                out.append(row)
-        for j in range(i + 1, k - 1):
-            for d in (1, -1):
-                for e in (1, -1):
-                    row = _shift(counts, i, d)
-                    row = None if row is None else _shift(row, j, e)
-                    if row is not None:
-                        out.append(row)
-    return out
 
 
 def simulated_rows(model: Any, rows: np.ndarray, chunks: int, bucket: float, backend: Any, in_flight: Any,
@@ -318,12 +251,14 @@ def simulated_rows(model: Any, rows: np.ndarray, chunks: int, bucket: float, bac
 
 
 def most_layers(model: Any, fronts: Any, table: list) -> int:
-    """An upper bound on the layers one stage can hold: the middle kind's static bytes
-    plus its lightest option at the least in-flight count, against the device (two
-    more for the first and last layers)."""
+    """An upper bound on the layers one stage can hold: the middle kind's static bytes plus
+    its lightest option at the in-flight count of the table where that option is lightest,
+    against the device (two more for the first and last layers).  Every count of the table
+    is tried: an option's memory need not grow with the count (``excess`` may take more
+    away at a larger one), so the least count is not always the lightest."""
     body = model.kinds[len(model.kinds) // 2]
-    least = min(min(row) for row in table)
-    cost = float(model.static[body]) + float(fronts.get(body, least).memories[0])
+    lightest = min(float(fronts.get(body, k).memories[0]) for k in {int(k) for row in table for k in row})
+    cost = float(model.static[body]) + lightest
     room = model.capacity - model.reserved
     if cost <= 0 or not math.isfinite(room):
         return model.layers

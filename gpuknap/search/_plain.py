@@ -77,8 +77,9 @@ class SegmentSource:
     the exact-bytes times, for ``bound=True``); ``cache``: front tables shared between searches."""
 
     def __init__(self, model: PipelineModel, stages: int, bucket: float, in_flight: Any = None,
-                 exclusive: Any = (), relaxed: bool = False, cache: dict | None = None):
-        self.model, self.stages, self.in_flight = model, stages, in_flight
+                 exclusive: Any = (), relaxed: bool = False, cache: dict | None = None,
+                 max_bytes: int | None = None):
+        self.model, self.stages, self.in_flight, self.max_bytes = model, stages, in_flight, max_bytes
         self.variants = variants(model, exclusive)
         self.tables = [front_table(v.fronts, bucket, relaxed, cache) for v in self.variants]
         # The bounds need each layer's fastest option over every variant: the model's own.
@@ -126,8 +127,9 @@ class SegmentSource:
             return stage_forward_backward(model, a, b, self.stage_choice(Stage(groups, model.budget_of(groups))))
 
         index = kind_index(model)
-        slowest = np.array([max(o.forward_time for o in model.fronts[kind]) for kind in index.kinds])
-        return Simulated(m, stage_times, np.concatenate(([0.0], np.cumsum(slowest[index.codes]))))
+        low, high = ([f(o.forward_time for o in model.fronts[kind]) for kind in index.kinds] for f in (min, max))
+        prefix = [np.concatenate(([0.0], np.cumsum(np.array(v)[index.codes]))) for v in (low, high)]
+        return Simulated(m, stage_times, prefix[0], prefix[1], self.max_bytes, total, self.stages)
 
     def rounds(self, score: str, top: int, micro_batches: int | None = None) -> Any:
         """The certified rounds of this search for ``score`` (a generator, :mod:`._rounds`)."""
@@ -140,7 +142,7 @@ def plain_search(model: PipelineModel, stages: int, top: int, score: str, bucket
     """``best_splits`` for a plain pipeline (arguments validated): ``(counts, score, choice)``
     entries, with ``lower_bound`` appended when ``bound``."""
     solve = Solver(backend, max_bytes)
-    source = SegmentSource(model, stages, bucket, in_flight, exclusive)
+    source = SegmentSource(model, stages, bucket, in_flight, exclusive, max_bytes=max_bytes)
     found = run_rounds(source.rounds(score, top), source, solve)
     bounds: list[float] = []
     if bound and found:

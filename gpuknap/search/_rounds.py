@@ -52,7 +52,8 @@ class Score(Protocol):
     prunes: bool
 
     def top(self, table: Any, k: int) -> list[tuple]:
-        """The exact best ``k`` splits on ``table`` as ``(counts, score)``, best first, ties by counts."""
+        """The exact best ``k`` splits on ``table`` as ``(counts, score)``, best first, ties by the
+        rule of :mod:`._ties`."""
 
     def reach(self, limit: float) -> float:
         """A lower bound on the score of any split using a segment whose fastest options take
@@ -62,7 +63,8 @@ class Score(Protocol):
         """The least limit whose reach is ``score`` (the inverse of :meth:`reach`)."""
 
     # Optional: ``upper(table, k) -> float``, an upper bound on the k-th best score of the
-    # splits in ``table`` (``inf`` when it holds fewer than k), cheaper than ``top``.
+    # splits in ``table`` (``inf`` when it holds fewer than k), cheaper than ``top``; and
+    # ``first(limit) -> float``, a first limit of its own (the larger of the two is used).
 
 
 class Found(list):
@@ -84,7 +86,8 @@ def certified_rounds(score: Score, first: float, total: float, top: int) -> Gene
     """The driver (see the module docstring): yields each round's limit, is sent that round's
     table, returns the certified top ``top``.  ``total``: every layer's fastest time summed
     (limits above twice it leave nothing out, so they become infinite)."""
-    limit = first if score.prunes else math.inf
+    start = getattr(score, "first", None)  # a score may know a better first limit than the generic one
+    limit = (max(first, start(first)) if start is not None else first) if score.prunes else math.inf
     while True:
         if not math.isfinite(limit) or limit > total * 2:
             limit = math.inf

@@ -2,34 +2,35 @@
 
 A split's simulated score is the iteration time of Megatron's 1F1B schedule
 (:func:`gpuknap.schedule.simulate`, no transfer time) run with each stage's
-forward and backward times from its plan (the same numbers ``gpuknap timeline``
-shows).  It is not a function of the stage times alone, so no dynamic program
-over stages ranks it; instead a lower bound does the pruning:
+forward and backward times from its plan (the numbers ``gpuknap timeline``
+shows).  It is the longest path through the schedule's operations, not a
+function of the stage times that a dynamic program over stages could rank, so
+the search is a branch and bound over stages, with the batched simulator at the
+leaves:
 
-    simulated >= max over s of  M * t_s + sum of t_j for j < s
+1. **Bounds** (:mod:`._critical`, :mod:`._partial`): the lengths of a few
+   families of paths of the schedule are lower bounds, exact for equal stages;
+   partial splits carry their own terms, and dynamic programs over the table
+   bound what the stages still to place can add.
+2. **A first k-th best**: a beam over stages by bound (the best 64 partial
+   splits kept per stage), its best splits with their stage sizes sorted,
+   simulated, then improved by moving one boundary at a time while the
+   simulated time falls (a later round of the same search starts from the
+   splits of the round before).
+3. **Passes of a depth-first walk** over chunks of partial splits, best bound
+   first, with a cut growing from the least bound of any split to the k-th
+   best: children above the cut or the k-th best simulated time found are cut;
+   complete splits get the full bounds, then are simulated in batches, and the
+   k-th best falls as better splits turn up.  A pass that finds k splits within
+   its cut ends the search.  A pass that runs long is stopped once to move layers
+   between any two stages of the best splits and refine the bounds.  The
+   chunks are sized to ``max_bytes``.
+4. The splits left are simulated with each stage's times from its plan and
+   ranked by the rule every score shares (:func:`._ties.tie_key`).
 
-(stage s runs M forwards and M backwards, its first forward waits for micro-batch
-0 to cross stages 0..s-1, and the last backward still has to cross them back),
-tight for equal stages, ``(M + P - 1) * t``; and, with ``T`` the sum of all
-stage times and ``d_s = min(P - s - 1, M - 1)``,
-
-    simulated >= T + (M - 1) * t_s - d_s * F_s
-
-(stage s's first backward waits for micro-batch 0 to go forward through every
-stage and back to s, and after it stage s still runs all M backwards and the
-``M - d_s - 1`` forwards its warm-up left; its forward time ``F_s`` is at most
-the sum of its layers' slowest forward options).  The search:
-
-1. simulates the best splits of the closed-form 1F1B score (a good first
-   k-th best ``tau``);
-2. collects every split whose bounds are both at most ``tau``, stage by stage
-   with all partial splits as arrays (a table of the largest prefix time each
-   (stage, start) can still complete the first bound from, and the least sum
-   of the stages still to come for the second), and simulates them all in
-   batches (:func:`gpuknap.schedule.iteration_times`).
-
-Every split left out has a bound, hence a simulated time, above the k-th best:
-the answer is exact.  Ties are broken by the counts in lexicographic order.
+Every split cut has a bound, hence a simulated time, above the k-th best
+found: the answer is exact.  A search that would expand more than
+``MAX_EXPANDED`` partial splits is refused.
 """
 from __future__ import annotations
 
@@ -40,171 +41,307 @@ import numpy as np
 
 from ..engine import report
 from ..schedule import iteration_times
-from ._closed_form import top_1f1b
+from ._critical import split_bounds
+from ._partial import GRID, Bounds
 from ._segments import SegmentTable
-from ._slowest import deep_walks
+from ._ties import tie_key
 
-#: Splits simulated per call of the batched simulator.
-BATCH = 4096
-#: Best splits of the closed-form score simulated first, for a k-th best ``tau``.
-SEEDS = 64
-#: Most splits one search may simulate before it refuses (the bound is too loose).
-MAX_SIMULATED = 2_000_000
-#: Relative slack between a bound and ``tau`` (the bound's sums may round differently).
+#: Relative slack between a bound and the k-th best time (the bounds' sums round differently).
 SLACK = 1e-9
+#: Partial splits kept per stage by the beam that finds a first k-th best.
+BEAM = 64
+#: Most partial splits one search may expand before it refuses.
+MAX_EXPANDED = 30_000_000
+#: Working memory of the search when no ``max_bytes`` is given.
+DEFAULT_BYTES = 64 * 2**20
+#: Cuts of the search's passes, as fractions of the way from the least bound to the k-th best.
+PASSES = (1 / 64, 1 / 16, 1 / 4, 1.0)
+#: Partial splits a pass expands before the best splits found are improved by moving layers.
+LONG_PASS = 20_000
 
 
-def _max_prefix(T: SegmentTable, m: int, tau: float) -> list[np.ndarray]:
-    """Per stage s, ``[a, j]``: the largest prefix time (stages 0..s) with which stages
-    s+1.. can complete a split after stage s took layers ``a:a+1+j``, every stage
-    keeping ``M * t + prefix <= tau``."""
-    cap = np.full((T.p + 1, T.n1), -math.inf)
-    cap[T.p, T.n1 - 1] = math.inf
-    for s in range(T.p - 1, -1, -1):
-        band = T.band[s]
-        nxt = T.pull(cap[s + 1], -math.inf)
-        with np.errstate(invalid="ignore"):
-            allowed = np.minimum(tau - m * band, nxt - band)
-        allowed[~np.isfinite(band)] = -math.inf
-        cap[s] = allowed.max(axis=1, initial=-math.inf)
-    return [T.pull(cap[s + 1], -math.inf) for s in range(T.p)]
+def _kth(values: np.ndarray, k: int) -> float:
+    return float(np.partition(values, k - 1)[k - 1]) if len(values) >= k else math.inf
 
 
-def _least_rest(T: SegmentTable) -> list[np.ndarray]:
-    """Per stage s, ``[a, j]``: the least sum of stage times of stages s+1.. after stage s
-    took layers ``a:a+1+j`` (``inf`` where they cannot complete the split)."""
-    rest = np.full((T.p + 1, T.n1), math.inf)
-    rest[T.p, T.n1 - 1] = 0.0
-    for s in range(T.p - 1, -1, -1):
-        rest[s] = (T.band[s] + T.pull(rest[s + 1], math.inf)).min(axis=1, initial=math.inf)
-    return [T.pull(rest[s + 1], math.inf) for s in range(T.p)]
+def _beam(B: Bounds, width: int) -> np.ndarray:
+    st = B.start()
+    for s in range(B.T.p):
+        bound, new = B.expand(s, st)
+        flat = bound.ravel()
+        finite = np.flatnonzero(np.isfinite(flat))
+        if len(finite) == 0:
+            return np.zeros((0, B.T.p), dtype=np.int64)
+        keep = finite[np.lexsort((finite, -(finite % bound.shape[1]), flat[finite]))[:width]]  # ties: longer stage
+        st = B.take(st, new, *np.divmod(keep, bound.shape[1]))
+    return st["counts"].astype(np.int64)
 
 
-def _walk(T: SegmentTable, m: int, limit: float, slowest_forward: np.ndarray) -> np.ndarray:
-    """Every split whose two bounds are at most ``limit``, as an integer array ``[N, P]``:
-    stage by stage, all partial splits at once, each kept only while both bounds can
-    still hold (the first exactly, by ``_max_prefix``; the second with the least
-    sum of the stages still to come)."""
-    cap, rest = _max_prefix(T, m, limit), _least_rest(T)
-    pre = np.asarray(slowest_forward, dtype=np.float64)
-    fmax = T.pull(pre, math.inf) - pre[:, None]  # [a, j]: the most forward time layers a:a+1+j can take
-    a = np.zeros(1, dtype=np.int64)
-    prefix, worst = np.zeros(1), np.full(1, -math.inf)
-    steps = []
-    for s in range(T.p):
-        rows = T.band[s][a]
-        d = min(T.p - s - 1, m - 1)
-        after = prefix[:, None] + rows
-        with np.errstate(invalid="ignore"):
-            term = np.maximum(worst[:, None], (m - 1) * rows - d * np.minimum(rows, fmax[a]))
-            ok = (np.isfinite(rows) & (prefix[:, None] + m * rows <= limit) & (after <= cap[s][a])
-                  & (after + rest[s][a] + term <= limit))
-        parent, j = np.nonzero(ok)
-        if len(parent) > MAX_SIMULATED:
-            raise ValueError(f"the simulated score would simulate over {MAX_SIMULATED:,} splits here; "
+def _improve(B: Bounds, split: np.ndarray, value: float, rounds: int = 200) -> tuple[np.ndarray, float]:
+    """Move one boundary by one layer while the simulated time falls."""
+    p = B.T.p
+    for _ in range(rounds):
+        moves = []
+        for i in range(p - 1):
+            for d in (1, -1):
+                row = split.copy()
+                row[i] -= d
+                row[i + 1] += d
+                if row[i] >= 1 and row[i + 1] >= 1:
+                    moves.append(row)
+        if not moves:
+            break
+        rows = np.array(moves)
+        rows = rows[(rows <= B.T.width).all(axis=1)]
+        if len(rows):
+            rows = rows[np.isfinite(B.times(rows)[0]).all(axis=1)]
+        if not len(rows):
+            break
+        _, high = B.simulate(rows)
+        best = int(np.argmin(high))
+        if not high[best] < value:
+            break
+        split, value = rows[best], float(high[best])
+    return split, value
+
+
+def first_bound(B: Bounds, top: int, earlier: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Some good splits with their ``(low, high)`` simulated times: a beam by bound, the beam's
+    best splits with their stage sizes sorted (longest stages first, and last), then moves of
+    one boundary from the best while the simulated time falls.  ``earlier``: the splits of a
+    smaller table of the same search (every one of them is in this table too), used instead
+    of a beam when at least ``top``."""
+    if earlier is not None and len(earlier) >= top:
+        low, high = B.simulate(earlier)
+        best = int(np.argmin(high))
+        moved, _ = _improve(B, earlier[best].copy(), float(high[best]))
+        if (earlier == moved).all(axis=1).any():
+            return earlier, low, high
+        lo, hi = B.simulate(moved[None, :])
+        return np.vstack([earlier, moved[None, :]]), np.concatenate([low, lo]), np.concatenate([high, hi])
+    splits = _beam(B, max(BEAM, 2 * top))
+    if not len(splits):
+        return splits, np.empty(0), np.empty(0)
+    head = splits[:8]
+    variants = np.vstack([splits, -np.sort(-head, axis=1), np.sort(head, axis=1)])
+    variants = np.unique(variants[(variants <= B.T.width).all(axis=1)], axis=0)
+    splits = variants[np.isfinite(B.times(variants)[0]).all(axis=1)]
+    low, high = B.simulate(splits)
+    best = int(np.argmin(high))
+    moved, _ = _improve(B, splits[best].copy(), float(high[best]))
+    if not (splits == moved).all(axis=1).any():
+        splits = np.vstack([splits, moved[None, :]])
+        lo, hi = B.simulate(moved[None, :])
+        low, high = np.concatenate([low, lo]), np.concatenate([high, hi])
+    return splits, low, high
+
+
+class _Found:
+    """The splits simulated so far: their ``(low, high)`` times, and ``tau``, the k-th best high."""
+
+    def __init__(self, top: int, splits: np.ndarray, low: np.ndarray, high: np.ndarray):
+        self.top, self.parts = top, [(splits, low, high)]
+        self.seen = set(map(tuple, splits.tolist()))
+        self.tau = _kth(high, top)
+
+    def add(self, splits: np.ndarray, B: Bounds) -> None:
+        splits = splits[[row not in self.seen for row in map(tuple, splits.tolist())]]
+        if not len(splits):
+            return
+        self.seen.update(map(tuple, splits.tolist()))
+        low, high = B.simulate(splits)
+        self.parts.append((splits, low, high))
+        self.tau = min(self.tau, _kth(np.concatenate([part[2] for part in self.parts]), self.top))
+        if math.isfinite(self.tau):  # drop the splits that can no longer be in the top
+            self.parts = [(x[keep], lo[keep], hi[keep]) for x, lo, hi in self.parts
+                          for keep in [lo <= self.tau * (1 + SLACK)] if keep.any()]
+
+    def candidates(self, p: int) -> np.ndarray:
+        if not self.parts:
+            return np.zeros((0, p), dtype=np.int64)
+        splits = np.concatenate([part[0] for part in self.parts])
+        low = np.concatenate([part[1] for part in self.parts])
+        keep = low <= self.tau * (1 + SLACK) if math.isfinite(self.tau) else np.ones(len(low), dtype=bool)
+        return splits[keep]
+
+
+def search(B: Bounds, top: int, max_bytes: int | None, first: tuple | None = None) -> np.ndarray:
+    """Every split that may be among the ``top`` best (a superset of them), as ``[N, P]`` counts;
+    ``first``: :func:`first_bound`'s answer on these bounds, if known.
+
+    Passes of the depth-first search with a growing cut, from the least bound of any split
+    up to the k-th best simulated time: a pass that finds k splits within its cut has seen
+    every split that could beat them, so the search ends there (the cost of a pass grows
+    steeply with its cut).  A pass that runs long is stopped once to move layers between
+    any two stages of the best splits found (a better k-th best cuts more) and to refine
+    the grid of the remaining stages' bound, then resumed."""
+    T, p = B.T, B.T.p
+    pool, low, high = first if first is not None else first_bound(B, top)
+    found = _Found(top, pool, low, high)
+    cuts = [math.inf]
+    if math.isfinite(found.tau):
+        floor = min(float(B.expand(0, B.start())[0].min()), found.tau)  # below every split's bound
+        cuts = [floor + (found.tau - floor) * f for f in PASSES]
+    chunk = max(64, (max_bytes or DEFAULT_BYTES) // (T.width * (120 + 8 * p)) // (2 * p + 2))
+    expanded, budget = 0, LONG_PASS
+    for limit in cuts:
+        while True:
+            expanded, complete = _pass(B, found, limit, chunk, expanded, budget)
+            if complete:
+                break
+            budget = None  # once: moves between any two stages, a finer grid; then the pass runs to its end
+            found.add(_transfers(B, found), B)
+            B.refine(GRID)
+        if found.tau <= limit * (1 + SLACK):
+            break
+    return found.candidates(p)
+
+
+def _transfers(B: Bounds, found: _Found, rounds: int = 50) -> np.ndarray:
+    """From the best split found, move one layer from any stage to any other while the
+    simulated time falls; every split reached."""
+    splits = np.concatenate([part[0] for part in found.parts])
+    high = np.concatenate([part[2] for part in found.parts])
+    if not len(splits):
+        return splits
+    split, value = splits[int(np.argmin(high))].copy(), float(high.min())
+    p = B.T.p
+    give, take = np.nonzero(~np.eye(p, dtype=bool))
+    reached = []
+    for _ in range(rounds):
+        rows = np.repeat(split[None, :], len(give), axis=0)
+        rows[np.arange(len(give)), give] -= 1
+        rows[np.arange(len(give)), take] += 1
+        rows = rows[(rows >= 1).all(axis=1) & (rows <= B.T.width).all(axis=1)]
+        rows = rows[np.isfinite(B.times(rows)[0]).all(axis=1)] if len(rows) else rows
+        if not len(rows):
+            break
+        _, moved = B.simulate(rows)
+        best = int(np.argmin(moved))
+        if not moved[best] < value:
+            break
+        split, value = rows[best], float(moved[best])
+        reached.append(split)
+    return np.array(reached, dtype=np.int64).reshape(-1, p)
+
+
+def _pass(B: Bounds, found: _Found, limit: float, chunk: int, expanded: int,
+          budget: int | None) -> tuple[int, bool]:
+    """One depth-first pass over chunks of partial splits, best bound first, cutting every
+    child whose bound is above ``limit`` or the k-th best found: ``(count expanded, whether the
+    pass ended)`` (it stops after ``budget`` expansions when one is given)."""
+    p = B.T.p
+    stack = [(0, B.start())]
+    start = expanded
+    while stack:
+        if budget is not None and expanded - start > budget:
+            return expanded, False
+        s, st = stack.pop()
+        bound, new = B.expand(s, st)
+        cut = min(limit, found.tau * (1 + SLACK) if math.isfinite(found.tau) else math.inf)
+        parent, j = np.nonzero(np.isfinite(bound) & (bound <= cut))
+        expanded += len(parent)
+        if expanded > MAX_EXPANDED:
+            raise ValueError(f"the simulated score would expand over {MAX_EXPANDED:,} partial splits here; "
                              "use the 1f1b score (or fewer stages)")
-        steps.append((parent, j + 1))
-        a, prefix, worst = a[parent] + j + 1, after[parent, j], term[parent, j]
-    counts = np.empty((len(a), T.p), dtype=np.int64)
-    idx = np.arange(len(a))
-    for s in range(T.p - 1, -1, -1):
-        parent, n = steps[s]
-        counts[:, s] = n[idx]
-        idx = parent[idx]
-    return counts
-
-
-class _Simulator:
-    """Simulated iteration times of splits ``[N, P]`` on a table (each distinct segment's
-    forward and backward times asked once)."""
-
-    def __init__(self, T: SegmentTable, m: int, stage_times: Callable[[int, int, int], tuple[float, float]]):
-        self.T, self.m, self.stage_times = T, m, stage_times
-        self.cache: dict[int, tuple] = {}
-
-    def __call__(self, splits: np.ndarray) -> np.ndarray:
-        T = self.T
-        starts = np.concatenate((np.zeros((len(splits), 1), dtype=np.int64), np.cumsum(splits, axis=1)[:, :-1]), axis=1)
-        keys = (np.arange(T.p)[None, :] * T.n1 + starts) * T.width + splits - 1
-        unique, inverse = np.unique(keys, return_inverse=True)
-        fb = np.empty((len(unique), 2))
-        for u, key in enumerate(unique.tolist()):
-            if key not in self.cache:
-                rest, j = divmod(key, T.width)
-                s, a = divmod(rest, T.n1)
-                self.cache[key] = self.stage_times(s, a, a + j + 1)
-            fb[u] = self.cache[key]
-        per = fb[inverse.reshape(keys.shape)]  # [N, P, 2]
-        return np.concatenate([iteration_times(per[i:i + BATCH, :, 0:1], per[i:i + BATCH, :, 1:2], self.m)
-                               for i in range(0, len(splits), BATCH)] or [np.empty(0)])
-
-
-def _seeds(T: SegmentTable, top: int, m: int, simulate: _Simulator) -> tuple[np.ndarray, np.ndarray, bool]:
-    """The closed form's best splits on the table, their simulated times, and whether they are
-    every feasible split of the table (the closed-form search found fewer than it was asked)."""
-    seeds = np.array([c for c, _ in top_1f1b(T, max(top, SEEDS), m)], dtype=np.int64).reshape(-1, T.p)
-    return seeds, simulate(seeds), len(seeds) < max(top, SEEDS)
+        if not len(parent):
+            continue
+        order = np.lexsort((j, parent, bound[parent, j]))
+        children = B.take(st, new, parent[order], j[order])
+        if s == p - 1:
+            splits = children["counts"].astype(np.int64)
+            t, fl, fh = B.times(splits)
+            found.add(splits[split_bounds(t, fl, fh, B.m) <= cut], B)
+            report("simulated splits", expanded, expanded + len(stack))
+            continue
+        for lo in reversed(range(0, len(order), chunk)):  # the best chunk is taken first
+            stack.append((s + 1, {k: v[lo:lo + chunk] for k, v in children.items()}))
+    return expanded, True
 
 
 def top_simulated(T: SegmentTable, top: int, micro_batches: int,
-                  stage_times: Callable[[int, int, int], tuple[float, float]],
-                  slowest_forward: np.ndarray, seeded: tuple | None = None) -> list[tuple]:
-    """The exact ``top`` splits by simulated 1F1B time: ``[(counts, score)]``, best first.
-
-    ``stage_times(s, a, b)`` gives the forward and backward time of stage s on
-    layers ``a:b`` under its plan (asked once per distinct segment);
-    ``slowest_forward`` the prefix sums over layers of the slowest forward time
-    among each layer's options.  ``seeded``: ``(simulator, seeds)`` computed on
-    this table already (:meth:`Simulated.upper`).
-    """
-    m = micro_batches
-    simulate, (seeds, seed_times, every) = seeded if seeded else (None, (None, None, None))
-    if simulate is None:
-        simulate = _Simulator(T, m, stage_times)
-        seeds, seed_times, every = _seeds(T, top, m, simulate)
-    splits, scores = seeds, seed_times
-    if not every:
-        tau = float(np.sort(seed_times)[top - 1])
-        splits = _walk(T, m, tau * (1 + SLACK), slowest_forward)
-        report("simulated splits", 0, len(splits))
-        scores = simulate(splits)
-    order = np.lexsort(tuple(splits[:, s] for s in range(T.p - 1, -1, -1)) + (scores,))[:top]
-    return [(tuple(splits[i].tolist()), float(scores[i])) for i in order.tolist()]
+                  stage_times: Callable[[int, int, int], tuple[float, float]], forward_low: np.ndarray,
+                  forward_high: np.ndarray, max_bytes: int | None = None, bounds: Bounds | None = None,
+                  first: tuple | None = None) -> list[tuple]:
+    """The exact ``top`` splits by simulated 1F1B time: ``[(counts, score)]``, best first, ties by
+    :func:`._ties.tie_key`.  ``stage_times(s, a, b)`` gives the forward and backward time of stage s
+    on layers ``a:b`` under its plan; ``forward_low`` / ``forward_high`` are prefix sums over the
+    layers of the least and most forward time among each layer's options."""
+    B = bounds if bounds is not None else Bounds(T, micro_batches, np.asarray(forward_low, dtype=np.float64),
+                                                 np.asarray(forward_high, dtype=np.float64))
+    splits = search(B, top, max_bytes, first)
+    if not len(splits):
+        return []
+    cache: dict = {}
+    fb = np.empty((len(splits), T.p, 2))
+    for i, row in enumerate(splits.tolist()):
+        a = 0
+        for s, n in enumerate(row):
+            key = (s, a, a + n)
+            if key not in cache:
+                cache[key] = stage_times(s, a, a + n)
+            fb[i, s] = cache[key]
+            a += n
+    exact = iteration_times(fb[:, :, 0:1], fb[:, :, 1:2], micro_batches)
+    stage = B.times(splits)[0]
+    ranked = sorted(range(len(splits)), key=lambda i: tie_key(float(exact[i]), stage[i], splits[i]))
+    return [(tuple(splits[i].tolist()), float(exact[i])) for i in ranked[:top]]
 
 
 class Simulated:
-    """The ``simulated`` score for the certified rounds: stage s alone is busy ``M * t_s``, so a
-    split using a segment slower than ``limit`` simulates slower than ``M * limit``.
+    """The ``simulated`` score for the certified rounds.  A split using a segment slower than
+    ``limit`` has a stage s with ``t_s > limit``; staying on it gives ``M t_s``, and the two
+    "over the top" paths average ``F - t_s + (M + a) t_s / 2`` (``F``: every layer's fastest
+    time summed, ``a >= max(M - P + 1, 1)``), so its simulated time is above
+    ``max(M limit, F + ((M + a) / 2 - 1) limit)`` (the reach).
 
     ``stage_times(s, a, b)``: forward and backward time of stage s on layers ``a:b`` under its
-    plan; ``slowest_forward``: prefix sums of each layer's slowest forward option.  The exact
-    top k of a table costs a walk over every split its bounds admit, so :meth:`upper` first
-    gives the rounds a cheap k-th best (the closed form's best splits, simulated): a table
-    that cannot certify it is not searched exactly."""
+    plan; ``forward_low`` / ``forward_high``: prefix sums of each layer's least and most forward
+    time among its options.  :meth:`upper` gives the rounds a cheap k-th best (the beam and
+    its moves): a table that cannot certify it is not searched exactly; the table's bounds
+    and first splits are kept for :meth:`top`."""
 
     name = "simulated"
     prunes = True
 
     def __init__(self, micro_batches: int, stage_times: Callable[[int, int, int], tuple[float, float]],
-                 slowest_forward: np.ndarray):
-        self.m, self.stage_times, self.slowest_forward = micro_batches, stage_times, slowest_forward
-        self._seeded: tuple = (None, None)
+                 forward_low: np.ndarray, forward_high: np.ndarray, max_bytes: int | None = None,
+                 total: float = 0.0, stages: int = 1):
+        self.m, self.stage_times = micro_batches, stage_times
+        self.forward_low = np.asarray(forward_low, dtype=np.float64)
+        self.forward_high = np.asarray(forward_high, dtype=np.float64)
+        self.max_bytes, self.total, self.stages = max_bytes, float(total), int(stages)
+        self.slope = (micro_batches + max(micro_batches - stages + 1, 1)) / 2 - 1
+        self._kept: tuple = (None, None, None)
+
+    def _bounds(self, table: SegmentTable) -> Bounds:
+        if self._kept[0] is not table:  # the splits found on the last table stay (tables only grow)
+            self._kept = (table, Bounds(table, self.m, self.forward_low, self.forward_high), self._kept[2])
+        return self._kept[1]
+
+    def first(self, limit: float) -> float:
+        """The limit an even split's closed form ``(M + P - 1) F / P`` would ask for."""
+        return self.limit_for((self.m + self.stages - 1) * self.total / self.stages)
 
     def upper(self, table: SegmentTable, k: int) -> float:
-        """An upper bound on the k-th best score (``inf`` when the table holds fewer than k splits)."""
-        simulate = _Simulator(table, self.m, self.stage_times)
-        with deep_walks(table.p):
-            seeds, times, every = _seeds(table, k, self.m, simulate)
-        self._seeded = (table, (simulate, (seeds, times, every)))
-        return float(np.sort(times)[k - 1]) if len(times) >= k else math.inf
+        """An upper bound on the k-th best score (``inf`` when none was found for it)."""
+        earlier = self._kept[2][1][0] if self._kept[2] is not None and self._kept[2][0] == k else None
+        B = self._bounds(table)
+        first = first_bound(B, k, earlier)
+        self._kept = (table, B, (k, first))
+        return _kth(first[2], k) * (1 + SLACK)
 
     def top(self, table: SegmentTable, k: int) -> list[tuple]:
-        seeded = self._seeded[1] if self._seeded[0] is table else None
-        with deep_walks(table.p):
-            return top_simulated(table, k, self.m, self.stage_times, self.slowest_forward, seeded)
+        B = self._bounds(table)
+        first = self._kept[2][1] if self._kept[2] is not None and self._kept[2][0] == k else None
+        return top_simulated(table, k, self.m, self.stage_times, self.forward_low, self.forward_high,
+                             self.max_bytes, B, first)
 
     def reach(self, limit: float) -> float:
-        return self.m * limit
+        return max(self.m * limit, self.total + self.slope * limit)
 
     def limit_for(self, score: float) -> float:
-        return score / self.m
+        out = score / self.m
+        if self.slope > 0:
+            out = min(out, (score - self.total) / self.slope)
+        return out

@@ -1,13 +1,11 @@
 """The ``slowest`` score: a split is as fast as its slowest stage.
 
-On a table of segment times, ``count(tau)`` -- the number of splits whose
-stages all take at most ``tau``, capped at k -- is a product of 0/1 matrices
-(:meth:`SegmentTable.count`); a binary search over the distinct segment
-times finds ``tau_k``, the k-th best score.  The splits scoring below
-``tau_k`` (fewer than k) and the lexicographically first splits scoring
-exactly ``tau_k`` are then walked depth-first with "can the rest still be
-covered" tables, so every step leads to an answer.  Ties are broken by the
-counts in lexicographic order.
+Splits are walked bottleneck by bottleneck (:func:`._tied.top_tied`), from the
+least bottleneck any split attains; splits of one bottleneck come in the
+order of the tie rule (:mod:`._ties`): no idle stage, then the least sum of
+stage times, then the least spread, then the counts.  (Splits of equal
+slowest stage are many; without the rule one of them was picked by its counts
+alone, and stage 0 could hold only an embedding and idle.)
 
 Also here: a split's exact score for ``slowest`` and ``1f1b`` as a fraction
 (:func:`exact_score`), the value splits are ranked by.
@@ -19,9 +17,8 @@ from contextlib import contextmanager
 from fractions import Fraction
 from typing import Any, Iterator
 
-import numpy as np
-
 from ._segments import SegmentTable
+from ._tied import top_tied
 
 
 def exact_score(times: Any, score: str, micro_batches: int) -> Fraction:
@@ -38,63 +35,10 @@ def score_of(times: Any, score: str, micro_batches: int) -> float:
     return float(exact_score(times, score, micro_batches))
 
 
-def _walk_lex(T: SegmentTable, tau: float, need_hit: bool, limit: int) -> list[tuple]:
-    """Splits with all times <= tau (and one == tau if ``need_hit``), lexicographic, at most ``limit``."""
-    p = T.p
-    ok, hit = T.cover(tau)
-    out: list[tuple] = []
-    counts: list[int] = []
-
-    def walk(s: int, a: int, hit_yet: bool) -> None:
-        if len(out) >= limit:
-            return
-        if s == p:
-            out.append(tuple(counts))
-            return
-        for b in T.end_range(a):
-            t = T.at(s, a, b)
-            if not t <= tau:
-                continue
-            now = hit_yet or t == tau or not need_hit
-            if not (ok[s + 1, b] if now else hit[s + 1, b]):
-                continue
-            counts.append(b - a)
-            walk(s + 1, b, now)
-            counts.pop()
-            if len(out) >= limit:
-                return
-
-    start_ok = hit[0, 0] if need_hit else ok[0, 0]
-    if start_ok:
-        walk(0, 0, False)
-    return out
-
-
-def _times_of(T: SegmentTable, counts: tuple) -> list[float]:
-    bounds = np.concatenate(([0], np.cumsum(counts))).tolist()
-    return [T.at(s, bounds[s], bounds[s + 1]) for s in range(len(counts))]
-
-
 def top_slowest(T: SegmentTable, top: int) -> list[tuple]:
-    """The best ``top`` splits by slowest stage, as ``(counts, score)``, ties by counts."""
-    values = T.values()
-    if len(values) == 0 or T.count(values[-1], 1) == 0:
-        return []
-    lo, hi = 0, len(values) - 1
-    if T.count(values[-1], top) < top:
-        lo = hi  # fewer than k splits in all: take every one
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if T.count(values[mid], top) >= top:
-            hi = mid
-        else:
-            lo = mid + 1
-    tau_k = values[lo]
-    # Fewer than k splits score below tau_k (none when k is 1: nothing to walk).
-    below = _walk_lex(T, values[lo - 1], False, top) if lo > 0 and top > 1 else []
-    ranked = sorted(((max(_times_of(T, c)), c) for c in below))
-    at_tau = _walk_lex(T, tau_k, True, top - len(ranked))
-    return [(c, t) for t, c in ranked] + [(c, float(tau_k)) for c in at_tau]
+    """The best ``top`` splits by slowest stage, as ``(counts, score)``, ties by the rule of
+    :mod:`._ties`: no idle stage, then the least total, the least spread, the counts."""
+    return top_tied(T, top, lambda tau, total: tau, lambda tau, least: tau)
 
 
 @contextmanager

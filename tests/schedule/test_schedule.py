@@ -58,8 +58,9 @@ def test_interleaving_shrinks_the_bubble_of_equal_stages():
 
 
 def test_interleaved_needs_micro_batches_divisible_by_stages():
-    with pytest.raises(ValueError, match="multiple of stages"):
-        order("interleaved", 4, 2, 6)
+    for schedule in ("interleaved", "interleaved-legacy"):
+        with pytest.raises(ValueError, match="multiple of stages"):
+            order(schedule, 4, 2, 6)
 
 
 @pytest.mark.parametrize("bad", [{"forward": []}, {"forward": [[1.0], [1.0, 2.0]]}, {"forward": [[-1.0]]},

@@ -20,6 +20,7 @@ from gpuknap import (
     pp_lite,
 )
 from gpuknap.search import exact_score, score_of
+from tie_rule import ranked
 
 
 def compositions(n, p):
@@ -46,8 +47,8 @@ def brute(model, p, score, bucket):
     for counts in compositions(model.layers, p):
         choice = pp_lite(model.stages(counts), model.fronts, bucket)
         if choice is not None:
-            found.append((exact_score(choice.times, score, model.micro_batches), counts))
-    return [(float(s), c) for s, c in sorted(found)]  # ranked exactly, reported rounded
+            found.append((exact_score(choice.times, score, model.micro_batches), choice.times, counts))
+    return ranked(found)  # ranked exactly (ties by the documented rule), reported rounded
 
 
 @pytest.mark.parametrize("seed", range(30))
@@ -326,8 +327,8 @@ def test_exclusive_options_never_share_a_stage_and_the_search_stays_exact(seed):
                 ts = [c.times[0] for c in ts if c is not None]
                 times.append(min(ts) if ts else math.inf)
             if all(map(math.isfinite, times)):
-                found.append((exact_score(times, score, model.micro_batches), counts))
-        want = [(float(s), c) for s, c in sorted(found)][:3]
+                found.append((exact_score(times, score, model.micro_batches), times, counts))
+        want = ranked(found)[:3]
         got = best_splits(model, p, 3, score, 1, backend="numpy", exclusive=[("SLCT", "COMM")])
         assert [(s, c) for c, s, _ in got] == want
         for _, _, choice in got:
@@ -459,10 +460,10 @@ def test_exclusive_options_against_brute_force_when_one_variant_cannot_cover(see
             fb.append(stage_forward_backward(model, bounds[s], bounds[s + 1], best.stages[0]))
         else:
             for score in ("slowest", "1f1b"):
-                found[score].append((exact_score(times, score, m), counts))
+                found[score].append((exact_score(times, score, m), times, counts))
             sim = iteration_times(np.array([[[f] for f, _ in fb]]), np.array([[[b] for _, b in fb]]), m)[0]
-            found["simulated"].append((sim, counts))
+            found["simulated"].append((sim, times, counts))
     for score, entries in found.items():
-        want = [(float(s), c) for s, c in sorted(entries)][:3]
+        want = ranked(entries)[:3]
         got = best_splits(model, p, 3, score, 1, backend="numpy", exclusive=[("SLCT", "COMM")])
         assert [(s, c) for c, s, _ in got] == want, score

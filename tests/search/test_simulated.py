@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_model import compositions, random_model
+from tie_rule import tie_rule
 
 from gpuknap import best_splits, pp_lite
 from gpuknap.schedule import iteration_times, simulate, timeline_of
@@ -37,18 +38,18 @@ def brute_simulated(model, p, bucket):
             continue
         names = model.option_names(counts, choice)
         t, _ = timeline_of(model, counts, names)
-        found.append((t.iteration_time, counts))
-    return sorted(found)
+        found.append(tie_rule(t.iteration_time, choice.times, counts))
+    return [(key[0], key[-1]) for key in sorted(found)]
 
 
-@pytest.mark.parametrize("seeds", [1, 64])
+@pytest.mark.parametrize("beam", [1, 64])
 @pytest.mark.parametrize("seed", range(16))
-def test_simulated_search_equals_brute_force(seed, seeds, monkeypatch):
-    """With 1 seed the bound walk does nearly all the work; with 64 the seeds often
-    hold every feasible split."""
+def test_simulated_search_equals_brute_force(seed, beam, monkeypatch):
+    """With a beam of 1 the branch and bound does nearly all the work; with 64 the first
+    bound often holds every feasible split."""
     import gpuknap.search._simulated as search_simulated
 
-    monkeypatch.setattr(search_simulated, "SEEDS", seeds)
+    monkeypatch.setattr(search_simulated, "BEAM", beam)
     rng = random.Random(500 + seed)
     model = random_model(rng, rng.randint(5, 13), tight=seed % 2 == 0)
     p = rng.randint(1, min(4, model.layers))
@@ -81,3 +82,28 @@ def test_simulated_score_refuses_the_bound():
     model = PipelineModel(["a"] * 4, {"a": [LayerOption("x", 1, 1.0, 1.0)]}, {"a": 0}, 100, 2)
     with pytest.raises(ValueError, match="simulated"):
         best_splits(model, 2, score="simulated", bound=True)
+
+
+def shaped_model(rng, layers, p):
+    """Random shapes: two to four kinds in any order, options whose forward times differ
+    (recompute in the forward, so a stage's forward time depends on its plan), tight or
+    roomy memory, 1 to 12 micro-batches."""
+    from gpuknap import LayerOption, PipelineModel
+
+    pool = ["head", "dense", "moe", "tail"][: rng.randint(2, 4)]
+    fronts = {k: [LayerOption(f"{k}{j}", rng.randint(0, 10), rng.randint(1, 8) / 2, rng.randint(0, 12) / 4,
+                              rng.randint(0, 3)) for j in range(rng.randint(1, 3))] for k in pool}
+    kinds = [rng.choice(pool) for _ in range(layers)]
+    return PipelineModel(kinds, fronts, {k: rng.randint(0, 4) for k in pool}, rng.choice([40, 60, 90, 400]),
+                         rng.randint(1, 12), reserved=rng.randint(0, 4))
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_simulated_search_equals_brute_force_up_to_six_stages(seed):
+    rng = random.Random(4000 + seed)
+    p = 2 + seed % 5
+    model = shaped_model(rng, rng.randint(p, min(p + 7, 12)), p)
+    want = brute_simulated(model, p, 1)
+    for top in (1, 3, 6):
+        got = best_splits(model, p, top, "simulated", 1, backend="numpy")
+        assert [(s, c) for c, s, _ in got] == want[:top], top

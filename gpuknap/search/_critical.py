@@ -1,0 +1,86 @@
+"""Lower bounds on a split's simulated 1F1B time, from paths of the schedule.
+
+The simulated iteration time is the longest path through the schedule's
+operations (each forward or backward of a micro-batch on a stage, chained on
+its stage and to its input), so the length of *any* path is a lower bound.
+With ``t = f + b`` a stage's forward plus backward time, ``Pre_s`` and
+``Suf_s`` the sums of ``t`` before and after stage s, ``w = min(P - s - 1, M)``
+stage s's warm-up and ``c = min(w, M - 1)``, these paths exist for every P and
+M (each built from the schedule's order in ``tests/search/test_critical.py``):
+
+- **A** (stay on s): up on micro-batch x to stage s, its whole chain from
+  ``F(s, x)`` to ``B(s, M-1-y)``, down: ``Pre_s + M t_s + x (f_j - f_s) + y (b_j' - b_s)``
+  for any ``x, y <= c`` and stages ``j, j' < s`` (x more forwards in the warm-up of
+  stage j, y more backwards in the cool-down of stage j').
+- **F** (over the top first): up on micro-batch 0 to the last stage, down to
+  ``B(s, 0)``, the rest of s's chain: ``Pre_s + a f_s + M b_s + Suf_s + y (b_j' - b_s)``
+  with ``a = max(M - w, 1)``; and when ``M - w >= 2``, going up again on the last
+  micro-batch through the next m stages: ``Pre_s + (M - w) f_s + (M - m) b_s + Suf_s
+  + (t_{s+1} + ... + t_{s+m}) + (w - m) (b_j' - b_s)``, m = 1..w (m = w: the next
+  stages all run two rounds, ``(M - w) t_s + 2 Suf_s``).
+- **B** (up on the last micro-batch): ``Pre_s + M f_s + a b_s + Suf_s + x (f_j - f_s)``.
+
+Each bump ``x (f_j - f_s)`` is taken only where positive.  For equal stages
+they all give the closed form ``(M + P - 1) t``.  A stage's forward time may
+depend on its plan (options of one kind with different forward times): the
+bounds then take, term by term, the forward time in ``[f_low, f_high]`` that
+makes the term least, so they hold for every plan.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def caps(stages: int, micro_batches: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per stage s: ``w`` (its warm-up), ``c`` (the most bump operations) and ``a``."""
+    s = np.arange(stages)
+    w = np.minimum(stages - 1 - s, micro_batches)
+    return w, np.minimum(w, micro_batches - 1), np.maximum(micro_batches - w, 1)
+
+
+def least(alpha: float | np.ndarray, beta: float | np.ndarray, t: np.ndarray, f_low: np.ndarray,
+          f_high: np.ndarray) -> np.ndarray:
+    """The least ``alpha f + beta b`` over ``f`` in ``[f_low, f_high]`` with ``b = t - f``."""
+    return np.where(alpha >= beta, beta * t + (alpha - beta) * f_low, alpha * t + (beta - alpha) * (t - f_high))
+
+
+def stage_terms(s: int, stages: int, m: int, t: np.ndarray, f_low: np.ndarray, f_high: np.ndarray,
+                forward_max: np.ndarray | float, backward_max: np.ndarray | float) -> tuple:
+    """Stage s's terms of the bounds, grouped by what multiplies ``Suf_s`` (0, 1, 2), without
+    ``Pre_s``: ``forward_max`` / ``backward_max`` are lower bounds on the largest forward and
+    backward time among the stages before s (for the bumps)."""
+    w, c, a = (int(x[s]) for x in caps(stages, m))
+    bump_f = c * np.maximum(0.0, forward_max - f_high)
+    bump_b = c * np.maximum(0.0, backward_max - (t - f_low))
+    h0 = m * t + bump_f + bump_b
+    if s == stages - 1:
+        none = np.full(np.shape(h0), -np.inf)
+        return h0, none, none
+    h1 = np.maximum(least(a, m, t, f_low, f_high) + bump_b, least(m, a, t, f_low, f_high) + bump_f)
+    h2 = (m - w) * t if m - w >= 2 else np.full(np.shape(h0), -np.inf)
+    return h0, h1, h2
+
+
+def split_bounds(t: np.ndarray, f_low: np.ndarray, f_high: np.ndarray, micro_batches: int) -> np.ndarray:
+    """The largest of every bound above for complete splits: ``t``, ``f_low``, ``f_high`` are
+    ``[N, P]`` stage times; returns ``[N]`` lower bounds on the simulated times."""
+    n, p = t.shape
+    m = micro_batches
+    w, c, _ = caps(p, m)
+    pre = np.cumsum(t, axis=1) - t
+    suf = t.sum(axis=1, keepdims=True) - pre - t
+    zero = np.zeros((n, 1))
+    fmax = np.maximum.accumulate(np.concatenate((zero, f_low[:, :-1]), axis=1), axis=1)
+    bmax = np.maximum.accumulate(np.concatenate((zero, (t - f_high)[:, :-1]), axis=1), axis=1)
+    out = np.full(n, -np.inf)
+    for s in range(p):
+        h0, h1, h2 = stage_terms(s, p, m, t[:, s], f_low[:, s], f_high[:, s], fmax[:, s], bmax[:, s])
+        out = np.maximum.reduce([out, pre[:, s] + h0, pre[:, s] + h1 + suf[:, s], pre[:, s] + h2 + 2 * suf[:, s]])
+        if s < p - 1 and m - w[s] >= 2:  # over the top, then up again through the next m stages
+            bump = np.maximum(0.0, bmax[:, s] - (t[:, s] - f_low[:, s]))
+            run = np.zeros(n)
+            for k in range(1, int(w[s])):
+                run = run + t[:, s + k]
+                body = least(m - w[s], m - k, t[:, s], f_low[:, s], f_high[:, s])
+                out = np.maximum(out, pre[:, s] + body + suf[:, s] + run + (w[s] - k) * bump)
+    return out

@@ -1,0 +1,158 @@
+"""Bounds of partial splits for the simulated score's branch and bound (:mod:`._simulated`).
+
+A partial split (stages 0..s-1 placed) carries the largest of its own terms of
+the path bounds (:mod:`._critical`) by what multiplies the sum of the stage
+times still to come (0, 1 or 2), its largest forward and backward times (for
+the bumps of later stages), and up to ``CHAINS`` open "over the top, then up
+again through m stages" terms of its latest stages.  What the stages still to
+place can add is bounded below by two dynamic programs over the table: the
+least sum of the remaining stage times, and the least largest term of the
+remaining stages, kept for a grid of "largest backward time placed" values.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..schedule import iteration_times
+from ._critical import stage_terms
+from ._segments import SegmentTable
+
+#: Open "up again through m stages" terms a partial split keeps.
+CHAINS = 8
+#: Points of the grid of "largest backward time placed" for the remaining stages' bound.
+GRID = 48
+#: Points of that grid at first (a search that runs long refines it to ``GRID``).
+FIRST_GRID = 6
+
+
+class Bounds:
+    """The bounds of partial splits on one table: each segment's time ``t`` and forward
+    time in ``[f_low, f_high]``, and the two dynamic programs over what is left."""
+
+    def __init__(self, T: SegmentTable, m: int, forward_low: np.ndarray, forward_high: np.ndarray):
+        self.T, self.m = T, m
+        self.fl = T.pull(forward_low, 0.0) - forward_low[:, None]  # [a, j]: least forward of layers a:a+1+j
+        self.fh = T.pull(forward_high, 0.0) - forward_high[:, None]
+        self.refine(FIRST_GRID)
+
+    def refine(self, points: int) -> None:
+        """Keep the remaining stages' bound for a grid of ``points`` values (and 0)."""
+        self.grid = self._grid(points)
+        self._programs()
+
+    def _grid(self, points: int) -> np.ndarray:
+        """The values of "largest backward time placed" the remaining stages' bound is kept for:
+        the backward times of the segments no longer than twice an even share of the layers'
+        fastest time (the ones splits near the best use), at most ``points`` of them, and 0."""
+        T = self.T
+        back = T.band - self.fh[None]
+        finite = np.isfinite(back)
+        short = finite & (T.band <= 2.0 * self._share())
+        values = np.unique(back[short if short.any() else finite])
+        if len(values) > points:
+            values = values[np.linspace(0, len(values) - 1, points).round().astype(np.int64)]
+        return np.unique(np.concatenate(([0.0], values)))
+
+    def _share(self) -> float:
+        """An even share of the split: the least sum of stage times over the stages."""
+        T = self.T
+        rest = np.full(T.n1, math.inf)
+        rest[T.n1 - 1] = 0.0
+        for s in range(T.p - 1, -1, -1):
+            rest = (T.band[s] + T.pull(rest, math.inf)).min(axis=1)
+        return float(rest[0]) / T.p if math.isfinite(rest[0]) else math.inf
+
+    def _programs(self) -> None:
+        T, p = self.T, self.T.p
+        rest = np.full((p + 1, T.n1), math.inf)
+        rest[p, T.n1 - 1] = 0.0
+        for s in range(p - 1, -1, -1):
+            rest[s] = (T.band[s] + T.pull(rest[s + 1], math.inf)).min(axis=1)
+        worst = np.full((len(self.grid), p + 1, T.n1), math.inf)
+        worst[:, p, T.n1 - 1] = -math.inf
+        q = self.grid[:, None, None]
+        for s in range(p - 1, -1, -1):
+            t = T.band[s]
+            after = T.pull(rest[s + 1], math.inf)
+            dead = ~np.isfinite(t) | ~np.isfinite(after)
+            with np.errstate(invalid="ignore"):
+                h0, h1, h2 = stage_terms(s, p, self.m, t, self.fl, self.fh, 0.0, q)
+                # the later stages see this stage's backward time among the largest before them
+                lifted = np.searchsorted(self.grid, np.maximum(q, (t - self.fh)[None]), side="right") - 1
+                later = np.where(T.valid[None], worst[lifted, s + 1, T.ends[None]], math.inf)
+                value = np.maximum(np.maximum(t + later, h0), np.maximum(h1 + after, h2 + 2 * after))
+                value[:, dead] = math.inf
+                worst[:, s] = value.min(axis=2)
+        self.rest, self.worst = rest, worst
+
+    def start(self) -> dict:
+        zero, none = np.zeros(1), np.full((1, CHAINS), -math.inf)
+        return {"a": np.zeros(1, dtype=np.int64), "pre": zero, "fmax": zero, "bmax": zero, "h0": zero - math.inf,
+                "h1": zero - math.inf, "h2": zero - math.inf, "zb": none, "zr": none, "zc": np.zeros((1, CHAINS)),
+                "zl": np.zeros((1, CHAINS), dtype=np.int64), "counts": np.zeros((1, 0), dtype=np.int32)}
+
+    def expand(self, s: int, st: dict) -> tuple[np.ndarray, dict]:
+        """Every child of the partial splits ``st`` (stages 0..s-1 placed) taking stage s:
+        their bounds ``[N, width]`` (``inf`` where none) and their states.
+
+        Besides the largest term of each kind, a partial split keeps up to ``CHAINS`` open
+        "over the top, then up again through m stages" terms of its latest stages (m grows
+        with every stage placed after them; the oldest is folded into the other terms)."""
+        T, a, m = self.T, st["a"], self.m
+        t, fl, fh = T.band[s][a], self.fl[a], self.fh[a]
+        end = a[:, None] + 1 + np.arange(T.width)[None, :]
+        at = np.minimum(end, T.n1 - 1)
+        pre = st["pre"][:, None]
+        w = min(T.p - 1 - s, m)
+        with np.errstate(invalid="ignore"):
+            h0, h1, h2 = stage_terms(s, T.p, m, t, fl, fh, st["fmax"][:, None], st["bmax"][:, None])
+            new = {"a": end, "pre": pre + t, "fmax": np.maximum(st["fmax"][:, None], fl),
+                   "bmax": np.maximum(st["bmax"][:, None], t - fh),
+                   "h0": np.maximum(st["h0"][:, None], pre + h0),
+                   "h1": np.maximum(st["h1"][:, None] + t, pre + h1),
+                   "h2": np.maximum(st["h2"][:, None] + 2 * t, pre + h2)}
+            tt = t[:, :, None]
+            live = (st["zl"] > 0)[:, None, :]
+            zr = np.where(live, st["zr"][:, None, :] + 2 * tt - st["zc"][:, None, :], -math.inf)
+            zb = np.maximum(st["zb"][:, None, :] + tt, zr)
+            zl = np.broadcast_to(np.maximum(st["zl"] - 1, 0)[:, None, :], zb.shape).copy()
+            zc = np.broadcast_to(st["zc"][:, None, :], zb.shape).copy()
+            k = s % CHAINS  # the slot of this stage's chain: fold the chain it held
+            new["h1"] = np.maximum(new["h1"], zb[:, :, k])
+            if s < T.p - 1 and m - w >= 2 and w >= 2:
+                c = (t - fh) + np.maximum(0.0, st["bmax"][:, None] - (t - fl))
+                zr[:, :, k] = pre + (m - w) * t + w * c
+                zb[:, :, k], zc[:, :, k], zl[:, :, k] = zr[:, :, k], c, w - 1
+            else:
+                zr[:, :, k], zb[:, :, k], zl[:, :, k] = -math.inf, -math.inf, 0
+            new.update(zb=zb, zr=zr, zc=zc, zl=zl)
+            h1_all = np.maximum(new["h1"], zb.max(axis=2))
+            rest = self.rest[s + 1][at]
+            g = np.maximum(np.searchsorted(self.grid, new["bmax"], side="right") - 1, 0)
+            bound = np.maximum.reduce([new["h0"], h1_all + rest, new["h2"] + 2 * rest,
+                                       new["pre"] + self.worst[g, s + 1, at]])
+        bound[~np.isfinite(t) | (end >= T.n1) | np.isnan(bound)] = math.inf
+        return bound, new
+
+    @staticmethod
+    def take(st: dict, new: dict, parent: np.ndarray, j: np.ndarray) -> dict:
+        out = {k: v[parent, j] for k, v in new.items()}
+        out["counts"] = np.concatenate((st["counts"][parent], (j + 1)[:, None].astype(np.int32)), axis=1)
+        return out
+
+    def times(self, splits: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Stage times, least and most forward times of complete splits ``[N, P]``."""
+        starts = np.cumsum(splits, axis=1) - splits
+        stage = np.arange(self.T.p)[None, :]
+        return self.T.band[stage, starts, splits - 1], self.fl[starts, splits - 1], self.fh[starts, splits - 1]
+
+    def simulate(self, splits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(low, high)`` simulated times of complete splits, each stage's forward time taken
+        least and most (equal where the options of a kind share their forward time)."""
+        t, fl, fh = self.times(splits)
+        high = iteration_times(fh[:, :, None], (t - fl)[:, :, None], self.m)
+        if np.array_equal(fl, fh):
+            return high, high
+        return iteration_times(fl[:, :, None], (t - fh)[:, :, None], self.m), high
