@@ -60,7 +60,7 @@ def workloads(quick: bool) -> dict:
     try:
         from gpuknap.formats import load_spec
     except ImportError:  # a revision from before the package layout
-        from gpuknap.spec import load_spec
+        from gpuknap.formats import load_spec
     sys.path.insert(0, HERE)
     from bench_sweep import BATCH, GPUS, GRID
 

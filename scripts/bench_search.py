@@ -38,7 +38,7 @@ def worker() -> dict:
     try:
         from gpuknap import load_spec
     except ImportError:  # a baseline revision from before the package layout
-        from gpuknap.spec import load_spec
+        from gpuknap.formats import load_spec
 
     out: dict = {"rows": [], "top": {}, "rank": None}
     for layers, options, stages, capacity in CASES:

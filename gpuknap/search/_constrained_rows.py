@@ -10,7 +10,7 @@ on the per-stage totals, as the unconstrained exact interleaved search does
 (:mod:`._interleaved`; ``1f1b`` ranked as ``(vM - 1) * slowest + sum``).
 
 **Otherwise a local search**, not proven optimal (``exact`` False, with a
-lower bound): :func:`._interleaved.local_search` from the most even split and
+lower bound): :func:`._local.local_search` from the most even split and
 from the best constrained plain split into ``v * P`` stages, every split
 scored exactly under the rule: the best of Megatron's patterns; for
 MindFormers, each stage's best combination of per-chunk settings (its
@@ -31,7 +31,8 @@ from ..schedule import iteration_times
 from ._classify import kind_counts
 from ._patterns import (GROUPED, Layout, Pattern, Rule, _score, decoder_kinds, framework_rule, in_order, run_names,
                         with_grouped)
-from ._interleaved import _tuples, counts_of, even_split, local_search, one_body_kind
+from ._interleaved import _tuples, counts_of, one_body_kind
+from ._local import even_split, local_search
 from ._rounds import Found
 from ._segments import SegmentTable
 
@@ -55,7 +56,7 @@ def interleaved_constrained(model: Any, rule: Rule, p: int, v: int, top: int, sc
     except ValueError:  # a plain search may refuse (size): the even start remains
         pass
     out = Found()
-    for counts, value in local_search(top, starts, rows.scores):
+    for counts, value in local_search(top, starts, rows.scores)[:top]:
         names, patterns = rows.plan(np.array([counts]))
         out.append((tuple(counts), float(value), run_names(model, counts, names, in_flight, v)[3], names, patterns))
     out.exact = False

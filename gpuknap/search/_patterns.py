@@ -323,10 +323,14 @@ def run_names(model: Any, counts: Any, names: Any, in_flight: Any = None, chunks
     return tuple(times), tuple(memory), budgets, PipelineChoice(tuple(stages), tuple(times))
 
 
-def forward_prefix(model: Any) -> np.ndarray:
-    """Prefix sums over layers of each layer's slowest forward option (the simulated bound)."""
-    slowest = {k: max(o.forward_time for o in model.fronts[k]) for k in model.kind_order}
-    return np.concatenate(([0.0], np.cumsum([slowest[k] for k in model.kinds])))
+def forward_prefix(model: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Prefix sums over layers of each layer's least and most forward time among its options (the
+    simulated score's bounds)."""
+    out = []
+    for pick in (min, max):
+        per = {k: pick(o.forward_time for o in model.fronts[k]) for k in model.kind_order}
+        out.append(np.concatenate(([0.0], np.cumsum([per[k] for k in model.kinds]))))
+    return out[0], out[1]
 
 
 def _score(name: str, model: Any, stage_times: Any) -> Any:
@@ -334,7 +338,7 @@ def _score(name: str, model: Any, stage_times: Any) -> Any:
         return Slowest()
     if name == "1f1b":
         return ClosedForm(model.micro_batches, 0.0)
-    return Simulated(model.micro_batches, stage_times, forward_prefix(model))
+    return Simulated(model.micro_batches, stage_times, *forward_prefix(model))
 
 
 def in_order(model: Any, counts: Any, names: list, levels: dict) -> list:

@@ -12,7 +12,7 @@ from gpuknap.costs import (DEVICES, Architecture, Experts, LatentAttention, Trai
                            build, device, estimate, fixed, gpt, links, transformer_model)
 from gpuknap.formats import config_from
 from gpuknap.formats._fields import default_reserved
-from gpuknap.search._interleaved import even_split
+from gpuknap.search._local import even_split
 
 GIB = 2**30
 
