@@ -40,6 +40,7 @@ from ..engine import (
     report,
 )
 from ._classify import kind_index
+from ._constrained import constrained_splits
 from ._closed_form import ClosedForm
 from ._interleaved import (
     TupleSource,
@@ -64,7 +65,7 @@ SCORES = ("slowest", "1f1b", "simulated")
 def best_splits(model: PipelineModel, stages: int, top: int = 1, score: str = "slowest",
                 bucket: float = MEGABYTE, backend: Any = "auto", in_flight: Any = None,
                 max_bytes: int | None = None, bound: bool = False, exclusive: Any = (),
-                interleave: int = 1) -> list[tuple]:
+                interleave: int = 1, framework: str | None = None) -> list[tuple]:
     """The exact ``top`` splits of ``model`` into ``stages`` stages, best first.
 
     Each entry is ``(counts, score, PipelineChoice)``; ties by the rule of
@@ -92,6 +93,11 @@ def best_splits(model: PipelineModel, stages: int, top: int = 1, score: str = "s
     the list returned is a :class:`~gpuknap.search.Found` whose
     ``exact`` and ``lower_bound`` say which).  ``1f1b`` is then the interleaved
     closed form ``(M - 1/v) * slowest + sum / v``.
+
+    ``framework="megatron"`` or ``"mindformers"`` searches only the plans that
+    framework runs as written (:func:`~gpuknap.search.constrained_splits`;
+    entries then also carry every layer's option name and each segment's
+    pattern); ``bound`` and ``exclusive`` do not combine with it.
     """
     if not isinstance(model, PipelineModel):
         raise ValueError(f"model must be a PipelineModel, got {type(model).__name__}")
@@ -109,6 +115,12 @@ def best_splits(model: PipelineModel, stages: int, top: int = 1, score: str = "s
     if max_bytes is not None:
         check_max_bytes(max_bytes)
     interleave = check_int(interleave, "interleave", 1)
+    if framework is not None:
+        if bound or tuple(exclusive):
+            raise ValueError("framework= does not combine with bound=True or exclusive (the framework's own "
+                             "rule says which options a stage may mix)")
+        return constrained_splits(model, int(stages), framework, int(top), score, bucket, backend, in_flight,
+                                  max_bytes, interleave)
     if interleave > 1:
         return _interleaved(model, int(stages), int(top), score, bucket, backend, in_flight, max_bytes, bound,
                             exclusive, interleave)

@@ -195,3 +195,26 @@ def test_interleaved_megatron_on_one_body_kind_is_exact(score):
         model = tiny_model(seed, seed % 2 == 0, False, 6, m=4)
         feasible += check(model, 2, "megatron", score, chunks=2, top=1)
     assert feasible >= 3
+
+
+@pytest.mark.parametrize("name", ["megatron", "mindformers"])
+def test_best_splits_framework_argument_is_the_constrained_search_and_never_beats_the_free_one(name):
+    from gpuknap import best_splits
+    feasible = 0
+    for seed in range(8):
+        model = tiny_model(seed, True, seed % 2 == 1, 5)
+        via = best_splits(model, 2, top=3, score="1f1b", bucket=1, framework=name)
+        direct = constrained_splits(model, 2, name, 3, "1f1b", bucket=1)
+        assert [(e[0], e[1], e[3]) for e in via] == [(e[0], e[1], e[3]) for e in direct]
+        # Megatron's uniform recompute keeps one input per group: an option the free search has
+        # only on the model with that option added
+        free = best_splits(with_grouped(model), 2, top=1, score="1f1b", bucket=1)
+        if via:
+            feasible += 1
+            assert free and free[0][1] <= via[0][1]  # the framework's plans are a subset of all plans
+    assert feasible >= 3
+    model = tiny_model(0, True, False, 5)
+    with pytest.raises(ValueError, match="framework"):
+        best_splits(model, 2, framework=name, bound=True)
+    with pytest.raises(ValueError):
+        best_splits(model, 2, framework="deepspeed")
