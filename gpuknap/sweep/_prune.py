@@ -13,7 +13,14 @@ options alone (memory ignored):
   ``s`` (``c_s`` a stage's time per micro-batch, ``S_s`` the stages' before
   it).  The least possible maximum over ``s`` with ``sum c_s = F`` has every
   term equal, which gives ``F / (1 - (1 - 1/M)^P)`` (``F`` when ``M = 1``,
-  tending to ``M F / P`` for large ``M``).
+  tending to ``M F / P`` for large ``M``).  Layers are whole, so the bound
+  used is tighter (:func:`whole_layer_bound`): the least ``T`` for which
+  stages of whole layers (fastest options, empty stages allowed) satisfy
+  ``S_s + M c_s <= T`` for every ``s``.  With ``C(a)`` the fastest time of the
+  first ``a`` layers that reads ``C(a_{s+1}) <= (T + (M - 1) C(a_s)) / M``: the
+  more layers the stages before hold, the more the next may hold, so taking
+  as many as fit stage by stage decides whether a ``T`` is reachable, and a
+  bisection finds the least one.
 - Interleaved (``v`` chunks): the busiest device does at least ``M F / P``, and
   one micro-batch's forward and backward through every chunk take ``F``.
 
@@ -59,6 +66,87 @@ def span_bound(fastest: float, stages: int, chunks: int, micro_batches: int) -> 
     return max(micro_batches * fastest / stages, fastest)
 
 
+def fastest_prefix_seconds(model: Any, time_unit: float) -> np.ndarray:
+    """``C``: ``C[a]`` the fastest forward plus backward time of the first ``a`` layers, in seconds."""
+    best = {kind: min(o.forward_time + o.backward_time for o in options) for kind, options in model.fronts.items()}
+    unit = model.costs.time_unit if getattr(model, "costs", None) is not None else time_unit
+    return np.concatenate(([0.0], np.cumsum([best[k] for k in model.kinds]))) * unit
+
+
+def whole_layer_bound(prefix: np.ndarray, stages: int, micro_batches: int, steps: int = 60) -> float:
+    """The largest ``T`` found unreachable by stages of whole layers (see the module docstring), a
+    lower bound on the one-chunk 1F1B iteration time of any split; at least :func:`span_bound`."""
+    total, m = float(prefix[-1]), micro_batches
+    layers = len(prefix) - 1
+
+    def reachable(t: float) -> bool:
+        a = 0
+        for _ in range(stages):
+            a = int(np.searchsorted(prefix, (t + (m - 1) * prefix[a]) / m, side="right")) - 1
+            if a >= layers:
+                return True
+        return False
+
+    lo = span_bound(total, stages, 1, m) * (1.0 - 1e-12)  # unreachable: the continuous relaxation's least
+    hi = (m + stages - 1) * total  # reachable: every layer on the first stage
+    if lo >= hi or reachable(lo):
+        return lo
+    for _ in range(steps):
+        mid = 0.5 * (lo + hi)
+        if reachable(mid):
+            hi = mid
+        else:
+            lo = mid
+        if hi - lo <= 1e-12 * hi:
+            break
+    return lo
+
+
+def interleaved_bound(prefix: np.ndarray, stages: int, chunks: int, micro_batches: int, steps: int = 40) -> float:
+    """The largest ``T`` found unreachable by ``stages * chunks`` virtual stages of whole layers
+    (fastest options, empty ones allowed) under both path families of the module docstring, a
+    lower bound on the interleaved iteration time of any split; at least :func:`span_bound`."""
+    total, m, p = float(prefix[-1]), micro_batches, stages
+    layers = len(prefix) - 1
+    start = span_bound(total, p, chunks, m) * (1.0 - 1e-12)
+    if m == 1:
+        return start
+    ends = np.arange(layers + 1)
+
+    def reachable(t: float) -> bool:
+        # the round-0 boundaries a_1..a_{P-1} as small as the virtual paths allow, for every a_P at once
+        at, spent, ok = ends.copy(), np.zeros(layers + 1), prefix <= t / 1.0
+        for _ in range(p - 1):
+            need = (m * prefix[at] - t) / (m - 1)
+            prev = np.searchsorted(prefix, need, side="left")
+            ok &= prev <= at
+            at = np.minimum(prev, at)
+            spent += prefix[at]
+        ok &= m * prefix[at] <= t
+        ok &= spent <= p * t - m * total
+        if not ok.any():
+            return False
+        a = int(np.flatnonzero(ok)[-1])
+        for _ in range(p * (chunks - 1)):
+            if a >= layers:
+                return True
+            a = int(np.searchsorted(prefix, (t + (m - 1) * prefix[a]) / m, side="right")) - 1
+        return a >= layers
+
+    lo, hi = start, (m + p * chunks) * total
+    if reachable(lo) or not reachable(hi):
+        return start
+    for _ in range(steps):
+        mid = 0.5 * (lo + hi)
+        if reachable(mid):
+            hi = mid
+        else:
+            lo = mid
+        if hi - lo <= 1e-9 * hi:
+            break
+    return lo
+
+
 def _key(config: dict, shared: bool) -> tuple:
     if shared:
         return tuple(config.get(k) for k in TIME_KEYS)
@@ -72,6 +160,7 @@ def lower_bounds(configs: list, builder: Callable, time_unit: float) -> tuple[np
     per configuration."""
     shared = bool(getattr(builder, "shares_layer_times", False))
     fastest: dict[tuple, Any] = {}
+    whole: dict[tuple, float] = {}
     bounds = np.full(len(configs), math.inf)
     errors: dict[int, str] = {}
     for i, config in enumerate(configs):
@@ -80,7 +169,7 @@ def lower_bounds(configs: list, builder: Callable, time_unit: float) -> tuple[np
         if f is None:
             try:
                 model = builder(dict(config))
-                f = (fastest_seconds(model, time_unit), model.layers)
+                f = (fastest_prefix_seconds(model, time_unit), model.layers)
             except ValueError as exc:
                 f = str(exc)
             if shared and isinstance(f, str):  # the group's first configuration failed: try each on its own
@@ -88,7 +177,7 @@ def lower_bounds(configs: list, builder: Callable, time_unit: float) -> tuple[np
                 f = None
                 try:
                     model = builder(dict(config))
-                    f = (fastest_seconds(model, time_unit), model.layers)
+                    f = (fastest_prefix_seconds(model, time_unit), model.layers)
                 except ValueError:
                     errors[i] = shared_failure
                     continue
@@ -97,12 +186,15 @@ def lower_bounds(configs: list, builder: Callable, time_unit: float) -> tuple[np
         if isinstance(f, str):
             errors[i] = f
             continue
-        seconds, layers = f
-        p, v = config["stages"], config["interleave"]
+        prefix, layers = f
+        p, v, m = config["stages"], config["interleave"], config["micro_batches"]
         if p * v > layers:
             errors[i] = f"{p} stages x {v} chunks is more than the model's {layers} layers"
             continue
-        bounds[i] = span_bound(seconds, p, v, config["micro_batches"]) * (1.0 - MARGIN)
+        if (key, p, v, m) not in whole:
+            whole[key, p, v, m] = (whole_layer_bound(prefix, p, m) if v == 1
+                                   else interleaved_bound(prefix, p, v, m))
+        bounds[i] = whole[key, p, v, m] * (1.0 - MARGIN)
     return bounds, errors
 
 

@@ -4,11 +4,13 @@ and the grid's new keys (CP, EP, ETP, devices)."""
 from __future__ import annotations
 
 import json
+import random
 import math
 import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -229,3 +231,25 @@ def test_cli_top_all_lists_and_pruned_count(tmp_path):
     text = cli(*args, "--top", "2")
     assert "pruned by bound" in text.stdout and "EP=" in text.stdout and "h200" in text.stdout + "h100"
     assert (tmp_path / "top.png").stat().st_size > 10_000 and (tmp_path / "all.png").stat().st_size > 10_000
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10**6))
+def test_whole_layer_bound_is_below_the_simulated_1f1b_time_of_every_split(seed):
+    """Brute force: every split of a few layers with random forward and backward times, each
+    simulated as Megatron's 1F1B schedule; the bound from the layers' times is never above the best."""
+    import itertools
+    from gpuknap.schedule import iteration_times
+    from gpuknap.sweep._prune import span_bound, whole_layer_bound
+    rng = random.Random(seed)
+    layers, stages, m = rng.randint(2, 9), rng.randint(1, 5), rng.choice([1, 2, 3, 5, 8, 16])
+    stages = min(stages, layers)
+    fwd = [rng.choice([0.25, 0.5, 1.0, 3.0]) * rng.uniform(0.5, 2.0) for _ in range(layers)]
+    bwd = [f * rng.uniform(1.0, 3.0) for f in fwd]
+    prefix = np.concatenate(([0.0], np.cumsum([f + b for f, b in zip(fwd, bwd)])))
+    splits = [(0,) + cut + (layers,) for cut in itertools.combinations(range(1, layers), stages - 1)]
+    f = np.array([[[sum(fwd[a:b])] for a, b in zip(s, s[1:])] for s in splits])
+    b = np.array([[[sum(bwd[a:b])] for a, b in zip(s, s[1:])] for s in splits])
+    best = float(iteration_times(f, b, m, "1f1b").min())
+    bound = whole_layer_bound(prefix, stages, m)
+    assert span_bound(float(prefix[-1]), stages, 1, m) * (1 - 1e-9) <= bound <= best * (1 + 1e-12)
