@@ -87,9 +87,15 @@ def whole_layer_bound(prefix: np.ndarray, stages: int, micro_batches: int, steps
                 return True
         return False
 
-    lo = span_bound(total, stages, 1, m) * (1.0 - 1e-12)  # unreachable: the continuous relaxation's least
-    hi = (m + stages - 1) * total  # reachable: every layer on the first stage
-    if lo >= hi or reachable(lo):
+    # unreachable: the continuous relaxation's least; reachable: every layer on the first stage
+    return _least(reachable, span_bound(total, stages, 1, m) * (1.0 - 1e-12), (m + stages - 1) * total, steps,
+                  1e-12)
+
+
+def _least(reachable: Callable[[float], bool], lo: float, hi: float, steps: int, tolerance: float) -> float:
+    """Bisection: the largest time found unreachable between ``lo`` (returned as it is when it is
+    reachable or ``hi`` is not: the bound falls back to it) and ``hi``."""
+    if lo >= hi or reachable(lo) or not reachable(hi):
         return lo
     for _ in range(steps):
         mid = 0.5 * (lo + hi)
@@ -97,7 +103,7 @@ def whole_layer_bound(prefix: np.ndarray, stages: int, micro_batches: int, steps
             hi = mid
         else:
             lo = mid
-        if hi - lo <= 1e-12 * hi:
+        if hi - lo <= tolerance * hi:
             break
     return lo
 
@@ -115,7 +121,7 @@ def interleaved_bound(prefix: np.ndarray, stages: int, chunks: int, micro_batche
 
     def reachable(t: float) -> bool:
         # the round-0 boundaries a_1..a_{P-1} as small as the virtual paths allow, for every a_P at once
-        at, spent, ok = ends.copy(), np.zeros(layers + 1), prefix <= t / 1.0
+        at, spent, ok = ends.copy(), np.zeros(layers + 1), np.ones(layers + 1, dtype=bool)
         for _ in range(p - 1):
             need = (m * prefix[at] - t) / (m - 1)
             prev = np.searchsorted(prefix, need, side="left")
@@ -133,18 +139,7 @@ def interleaved_bound(prefix: np.ndarray, stages: int, chunks: int, micro_batche
             a = int(np.searchsorted(prefix, (t + (m - 1) * prefix[a]) / m, side="right")) - 1
         return a >= layers
 
-    lo, hi = start, (m + p * chunks) * total
-    if reachable(lo) or not reachable(hi):
-        return start
-    for _ in range(steps):
-        mid = 0.5 * (lo + hi)
-        if reachable(mid):
-            hi = mid
-        else:
-            lo = mid
-        if hi - lo <= 1e-9 * hi:
-            break
-    return lo
+    return _least(reachable, start, (m + p * chunks) * total, steps, 1e-9)
 
 
 def _key(config: dict, shared: bool) -> tuple:
