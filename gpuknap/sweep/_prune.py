@@ -21,8 +21,15 @@ options alone (memory ignored):
   more layers the stages before hold, the more the next may hold, so taking
   as many as fit stage by stage decides whether a ``T`` is reachable, and a
   bisection finds the least one.
-- Interleaved (``v`` chunks): the busiest device does at least ``M F / P``, and
-  one micro-batch's forward and backward through every chunk take ``F``.
+- Interleaved (``v`` chunks), :func:`interleaved_bound`: the same path through
+  every virtual stage, and the path of each device (its every operation
+  comes after micro-batch 0 reached its first chunk, and its last one is a
+  backward of that chunk, which must still go back to the first stage:
+  ``C(a_d) + M W_d <= T``), summed over the devices.  The first chunks are
+  taken as small as the virtual paths allow, the rest as large, which
+  decides a ``T``.
+- Any schedule: the busiest device does ``M`` times its work, and whole
+  layers cannot be shared more evenly than :func:`busiest_device` finds.
 
 Sends between stages and each stage's tail (data-parallel communication, the
 optimizer) only add time, so they are left out.  Configurations are searched
@@ -45,6 +52,8 @@ from ..search import coverage
 MARGIN = 1e-9
 #: Configurations searched per round: the first round sets a cutoff soon, later ones share more work.
 FIRST_ROUND, ROUND = 16, 48
+#: Layers of other times than the most common one that :func:`busiest_device` groups every way.
+SPECIAL_LAYERS = 5
 #: Configuration keys a spec or config.json source's layer times depend on (the data-parallel size,
 #: the stages and the micro-batches change memory, sends and tails, not a layer's time).
 TIME_KEYS = ("tensor_parallel", "context_parallel", "expert_parallel", "expert_tensor_parallel",
@@ -66,11 +75,55 @@ def span_bound(fastest: float, stages: int, chunks: int, micro_batches: int) -> 
     return max(micro_batches * fastest / stages, fastest)
 
 
-def fastest_prefix_seconds(model: Any, time_unit: float) -> np.ndarray:
-    """``C``: ``C[a]`` the fastest forward plus backward time of the first ``a`` layers, in seconds."""
+def fastest_layer_seconds(model: Any, time_unit: float) -> np.ndarray:
+    """Every layer's fastest forward plus backward time for one micro-batch, in seconds."""
     best = {kind: min(o.forward_time + o.backward_time for o in options) for kind, options in model.fronts.items()}
     unit = model.costs.time_unit if getattr(model, "costs", None) is not None else time_unit
-    return np.concatenate(([0.0], np.cumsum([best[k] for k in model.kinds]))) * unit
+    return np.array([best[k] for k in model.kinds], dtype=np.float64) * unit
+
+
+def fastest_prefix_seconds(model: Any, time_unit: float) -> np.ndarray:
+    """``C``: ``C[a]`` the fastest forward plus backward time of the first ``a`` layers, in seconds."""
+    return np.concatenate(([0.0], np.cumsum(fastest_layer_seconds(model, time_unit))))
+
+
+def busiest_device(times: np.ndarray, devices: int) -> float:
+    """A lower bound on the busiest device's work per micro-batch when whole layers of these
+    ``times`` are shared by ``devices`` devices in any way (contiguous or not): the layers of the
+    most common time are spread as evenly as the others allow, the others (at most
+    :data:`SPECIAL_LAYERS`) tried in every grouping.  More kinds of layer: ``sum / devices``."""
+    values, counts = np.unique(times, return_counts=True)
+    body = int(np.argmax(counts))
+    each, many = float(values[body]), int(counts[body])
+    others = [float(t) for t in times if t != each]
+    plain = max(float(np.sum(times)) / devices, float(np.max(times)))
+    if len(others) > SPECIAL_LAYERS or each <= 0:
+        return plain
+    best = math.inf
+    for groups in _groupings(others):
+        if len(groups) > devices:
+            continue
+        loads = np.zeros(devices)
+        loads[:len(groups)] = [math.fsum(g) for g in groups]
+
+        def holds(w: float) -> bool:  # bodies the devices take under w (a hair generous: a bound)
+            return int(np.floor((w - loads) / each + 1e-9).clip(min=0).sum()) >= many
+
+        lo, hi = float(loads.max()), float(loads.max()) + many * each
+        best = min(best, _least(holds, lo * (1 - 1e-12), hi, 60, 1e-12))
+    return max(plain, best) if math.isfinite(best) else plain
+
+
+def _groupings(items: list) -> Any:
+    """Every way of grouping ``items`` (set partitions)."""
+    if not items:
+        yield []
+        return
+    first, rest = items[0], items[1:]
+    for groups in _groupings(rest):
+        for i in range(len(groups)):
+            yield groups[:i] + [[first] + groups[i]] + groups[i + 1:]
+        yield [[first]] + groups
 
 
 def whole_layer_bound(prefix: np.ndarray, stages: int, micro_batches: int, steps: int = 60) -> float:
@@ -156,6 +209,7 @@ def lower_bounds(configs: list, builder: Callable, time_unit: float) -> tuple[np
     shared = bool(getattr(builder, "shares_layer_times", False))
     fastest: dict[tuple, Any] = {}
     whole: dict[tuple, float] = {}
+    busiest: dict[tuple, float] = {}
     bounds = np.full(len(configs), math.inf)
     errors: dict[int, str] = {}
     for i, config in enumerate(configs):
@@ -164,7 +218,7 @@ def lower_bounds(configs: list, builder: Callable, time_unit: float) -> tuple[np
         if f is None:
             try:
                 model = builder(dict(config))
-                f = (fastest_prefix_seconds(model, time_unit), model.layers)
+                f = (fastest_layer_seconds(model, time_unit), model.layers)
             except ValueError as exc:
                 f = str(exc)
             if shared and isinstance(f, str):  # the group's first configuration failed: try each on its own
@@ -172,7 +226,7 @@ def lower_bounds(configs: list, builder: Callable, time_unit: float) -> tuple[np
                 f = None
                 try:
                     model = builder(dict(config))
-                    f = (fastest_prefix_seconds(model, time_unit), model.layers)
+                    f = (fastest_layer_seconds(model, time_unit), model.layers)
                 except ValueError:
                     errors[i] = shared_failure
                     continue
@@ -181,14 +235,17 @@ def lower_bounds(configs: list, builder: Callable, time_unit: float) -> tuple[np
         if isinstance(f, str):
             errors[i] = f
             continue
-        prefix, layers = f
+        times, layers = f
+        prefix = np.concatenate(([0.0], np.cumsum(times)))
         p, v, m = config["stages"], config["interleave"], config["micro_batches"]
         if p * v > layers:
             errors[i] = f"{p} stages x {v} chunks is more than the model's {layers} layers"
             continue
         if (key, p, v, m) not in whole:
-            whole[key, p, v, m] = (whole_layer_bound(prefix, p, m) if v == 1
-                                   else interleaved_bound(prefix, p, v, m))
+            if (key, p) not in busiest:
+                busiest[key, p] = busiest_device(times, p)
+            whole[key, p, v, m] = max(whole_layer_bound(prefix, p, m) if v == 1
+                                      else interleaved_bound(prefix, p, v, m), m * busiest[key, p])
         bounds[i] = whole[key, p, v, m] * (1.0 - MARGIN)
     return bounds, errors
 

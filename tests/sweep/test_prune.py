@@ -281,3 +281,22 @@ def test_interleaved_bound_is_below_the_simulated_time_of_every_interleaved_spli
     best = float(iteration_times(per_chunk(fwd), per_chunk(bwd), m, "interleaved").min())
     bound = interleaved_bound(prefix, p, v, m)
     assert span_bound(float(prefix[-1]), p, v, m) * (1 - 1e-9) <= bound <= best * (1 + 1e-12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 10**6))
+def test_busiest_device_is_below_every_assignment_of_layers_to_devices(seed):
+    """Brute force: every way of giving whole layers to devices (contiguous or not); the bound on
+    the busiest device's work equals the best (at most 3 layers differ from the others here)."""
+    import itertools
+    from gpuknap.sweep._prune import busiest_device
+    rng = random.Random(seed)
+    devices = rng.randint(1, 4)
+    body = rng.choice([1.0, 0.7, 3.0])
+    times = [body] * rng.randint(1, 7) + [rng.choice([0.1, 0.5, body * 1.5, 2.5]) for _ in range(rng.randint(0, 3))]
+    rng.shuffle(times)
+    best = min(max(sum(t for t, d in zip(times, who) if d == k) for k in range(devices))
+               for who in itertools.product(range(devices), repeat=len(times)))
+    bound = busiest_device(np.array(times), devices)
+    assert bound <= best * (1 + 1e-12)
+    assert math.isclose(bound, best, rel_tol=1e-9)
