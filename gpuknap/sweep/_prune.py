@@ -62,9 +62,7 @@ TIME_KEYS = ("tensor_parallel", "context_parallel", "expert_parallel", "expert_t
 
 def fastest_seconds(model: Any, time_unit: float) -> float:
     """``F`` in seconds: the fastest option of every layer, forward plus backward, one micro-batch."""
-    best = {kind: min(o.forward_time + o.backward_time for o in options) for kind, options in model.fronts.items()}
-    unit = model.costs.time_unit if getattr(model, "costs", None) is not None else time_unit
-    return math.fsum(best[k] for k in model.kinds) * unit
+    return math.fsum(fastest_layer_seconds(model, time_unit).tolist())
 
 
 def span_bound(fastest: float, stages: int, chunks: int, micro_batches: int) -> float:
