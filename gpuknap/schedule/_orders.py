@@ -33,13 +33,20 @@ from functools import lru_cache
 import numpy as np
 
 SCHEDULES = ("1f1b", "interleaved", "interleaved-legacy")
+#: Most operations (2 x stages x chunks x micro-batches) a schedule is built for: the orders, the
+#: merged sequence and its waves are Python lists, about 10 s per million operations on a loaded
+#: 2-core machine, so a larger schedule is refused before anything is built.
+MAX_OPS = 500_000
 
 
 def check_schedule(schedule: str, stages: int, chunks: int, micro_batches: int, group: int | None = None) -> int:
     """Validate a schedule's arguments; return the micro-batch group size it uses (P when not given)."""
-    if schedule not in SCHEDULES:
+    if not isinstance(schedule, str) or schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
-    p, v, m = stages, chunks, micro_batches
+    for name, value in (("stages", stages), ("chunks", chunks), ("micro_batches", micro_batches)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    p, v, m = int(stages), int(chunks), int(micro_batches)
     if group is not None and (isinstance(group, bool) or not isinstance(group, (int, np.integer)) or group < 1):
         raise ValueError(f"group must be an integer >= 1 (micro-batches per group per virtual stage), got {group!r}")
     if schedule == "1f1b" or v == 1:
@@ -67,6 +74,17 @@ def check_schedule(schedule: str, stages: int, chunks: int, micro_batches: int, 
     return g
 
 
+def check_ops(stages: int, chunks: int, micro_batches: int) -> int:
+    """The operations of a schedule (2 x stages x chunks x micro-batches), refused over :data:`MAX_OPS`
+    (a ValueError naming micro_batches) before anything is built."""
+    ops = 2 * int(stages) * int(chunks) * int(micro_batches)
+    if ops > MAX_OPS:
+        raise ValueError(f"micro_batches: {int(micro_batches):,} micro-batches on {int(stages):,} stages x "
+                         f"{int(chunks):,} chunks make {ops:,} schedule operations, over the {MAX_OPS:,} gpuknap "
+                         "simulates; use fewer micro-batches (or stages)")
+    return ops
+
+
 def schedule_table(m: int, v: int, g: int) -> list[tuple[int, int]]:
     """Megatron's schedule table for M micro-batches, v chunks and groups of g: per virtual
     micro-batch (forward k), ``(micro-batch, chunk)``."""
@@ -80,7 +98,8 @@ def schedule_table(m: int, v: int, g: int) -> list[tuple[int, int]]:
 def order(schedule: str, stages: int, chunks: int, micro_batches: int, group: int | None = None) -> list[list[tuple]]:
     """Per stage, its operations in order, each ``(kind, chunk, micro_batch)``."""
     g = check_schedule(schedule, stages, chunks, micro_batches, group)
-    p, v, m = stages, chunks, micro_batches
+    check_ops(stages, chunks, micro_batches)
+    p, v, m = int(stages), int(chunks), int(micro_batches)
     if v == 1:  # one chunk per stage: interleaving is plain 1F1B (as in Megatron)
         out = []
         for s in range(p):
