@@ -247,7 +247,7 @@ PROBES = [
     api(API, "sweep model M=32 in a config with M=64",
         "from gpuknap.sweep import sweep; from gpuknap.formats import load_spec\n"
         "m = load_spec(DEMO, micro_batches=32).model\n"
-        "sweep(lambda c: m, {'stages': [2]}, gpus=2, global_batch=128)", ["micro_batches", "32", "64"]),
+        "sweep(lambda c: m, {'stages': [2]}, gpus=2, global_batch=64)", ["micro_batches", "32", "64"]),
     api(API, "sweep dict as a grid value", "from gpuknap.sweep import sweep\n"
         "sweep(DEMO_T, {'stages': {2: 1, 4: 1}}, gpus=8, global_batch=8)", ["stages"]),
     api(API, "sweep dict inside a grid list", "from gpuknap.sweep import sweep\n"

@@ -18,6 +18,7 @@ import math
 from typing import Any, Mapping
 
 from ..engine import MAX_TOP, MEGABYTE, check_int, check_max_bytes, get_backend
+from ..search import PipelineModel
 from ._cluster import Cluster
 from ._explain import order_rows
 from ._grid import MAX_CONFIGS, MAX_CONFIGS_TOP, Sweep, expand
@@ -37,8 +38,37 @@ def _source(source: Any, capacity: Any, reserved: Any, seq: Any, bucket: Any, de
         if given:
             raise ValueError(f"{given[0]}: a callable source builds its models itself; give it the {given[0]} "
                              "there")
-        return source, getattr(source, "__name__", "model"), MEGABYTE if bucket is None else bucket, seq
+        checked = CheckedSource(source)
+        return checked, checked.name, MEGABYTE if bucket is None else bucket, seq
     return builder_of(source, capacity, reserved, seq, bucket, device)
+
+
+class CheckedSource:
+    """A callable source whose every model is checked: an error other than ValueError, a result
+    that is not a :class:`PipelineModel`, or a model whose micro-batches are not the configuration's
+    becomes a ValueError naming the source (the configuration is then skipped with that reason)."""
+
+    def __init__(self, source: Any):
+        self.source = source
+        self.name = getattr(source, "__name__", type(source).__name__)
+        if hasattr(source, "shares_layer_times"):
+            self.shares_layer_times = source.shares_layer_times
+
+    def __call__(self, config: dict) -> PipelineModel:
+        where = f"source {self.name!r}"
+        try:
+            model = self.source(config)
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
+        except Exception as exc:  # a bug in the caller's source: said by name, never a traceback
+            raise ValueError(f"{where} raised {type(exc).__name__}: {exc}"[:500]) from None
+        if not isinstance(model, PipelineModel):
+            raise ValueError(f"{where} returned {type(model).__name__}, not a PipelineModel")
+        if model.micro_batches != config["micro_batches"]:
+            raise ValueError(f"{where}: its model has micro_batches={model.micro_batches}, the configuration "
+                             f"micro_batches={config['micro_batches']} (global_batch / (data_parallel x "
+                             "micro_batch_size)); build the model with config['micro_batches']")
+        return model
 
 
 def _grid_with(grid: Any, scalars: dict) -> Any:
