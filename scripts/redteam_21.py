@@ -123,6 +123,15 @@ PROBES = [
                                                           "--stages", ",".join(str(i) for i in range(1, 1001)),
                                                           "--tp", ",".join(str(i) for i in range(1, 1001))],
         ["configurations"]),
+    cli(SIZES, "sweep whose micro-batches are over the schedule limit", ["sweep", LLAMA, "--gpus", "8",
+                                                                         "--global-batch", "400000", "--stages", "8"],
+        ["schedule operations"]),
+    cli(SIZES, "spec transformer.layers 2,000,000", ["best", "{T}/s.json"], ["transformer.layers"],
+        "d = json.load(open(DEMO_T)); d['transformer']['layers'] = 2_000_000; w('s.json', json.dumps(d))"),
+    cli(SIZES, "SAPP profile nb_layer 2,000,000", ["best", "{T}/p.json", "--capacity", "56000MB", "--micro-batches",
+                                                   "32", "--stages", "4"], ["nb_layer"],
+        "d = json.load(open(os.path.join(EX, 'sapp_ppb_demo.json')))\n"
+        "d['layers_description'][1]['nb_layer'] = 2_000_000; w('p.json', json.dumps(d))"),
     cli(SIZES, "curve --points 10**8", ["curve", DEMO, "--stage", "0", "--points", "100000000"], ["--points"]),
     # --- silent misreads --------------------------------------------------------------------------
     *[cli(MISREAD, f"HF typo {typo}", ["best", "{T}/c.json", *RUN], [repr(typo)],

@@ -16,7 +16,7 @@ from .. import formats
 from ..costs import DEFAULT_DEVICE, DEFAULT_EFFICIENCY, DEVICES
 from ..formats._fields import RECOMPUTE
 from .._version import __version__
-from ..engine import MAX_TOP, reporting, work_limit
+from ..engine import BACKENDS, MAX_TOP, reporting, work_limit
 from ..formats.splitfiles import PLOT_SUFFIXES, check_output
 from ..search import MAX_IN_FLIGHT, MAX_LAYERS, SCORES
 from ._commands import MAX_POINTS, cmd_best, cmd_curve, cmd_rank, cmd_timeline
@@ -28,8 +28,9 @@ from ._sweep import add_sweep
 
 def build_parser() -> argparse.ArgumentParser:
     base = Parser(add_help=False)  # every command's flags; `common` adds one configuration's
-    base.add_argument("--backend", default="auto", choices=["auto", "numpy", "cupy"],
-                      help="array backend (default auto: CuPy when a GPU is present; env GPUKNAP_BACKEND)")
+    base.add_argument("--backend", default="auto", choices=list(BACKENDS),
+                      help="array backend (default auto: CuPy when a GPU is present, else the fused CPU pass "
+                           "when Numba imports, else NumPy; env GPUKNAP_BACKEND)")
     base.add_argument("--bucket", type=size("--bucket"),
                       help="memory bucket, e.g. '1 MiB' (default: the spec's, else 1 MiB)")
     base.add_argument("--capacity", type=size("--capacity"),

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import socket
 from typing import Any, Mapping
 
 from ..engine import MAX_TOP, MEGABYTE, check_int, check_max_bytes, get_backend
@@ -69,6 +70,24 @@ class CheckedSource:
                              f"micro_batches={config['micro_batches']} (global_batch / (data_parallel x "
                              "micro_batch_size)); build the model with config['micro_batches']")
         return model
+
+
+def reachable(address: Any, seconds: float = 5.0) -> None:
+    """Refuse at once a scheduler address nothing listens at (Dask itself would retry for its whole
+    timeout): a TCP connection is tried first.  Other address forms are left to Dask."""
+    if not isinstance(address, str) or any(c.isspace() for c in address):
+        return  # a Client, or an address the cluster refuses by name
+    scheme, sep, rest = address.partition("://")
+    if not sep:
+        scheme, rest = "tcp", address
+    host, colon, port = rest.rstrip("/").rpartition(":")
+    if scheme not in ("tcp", "tls", "ws", "wss") or not colon or not port.isdigit() or not 0 < int(port) < 65536:
+        return
+    try:
+        socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout=seconds).close()
+    except OSError as exc:
+        raise ValueError(f"scheduler (--scheduler) {address}: cannot connect to a Dask scheduler there "
+                         f"({exc.strerror or exc.__class__.__name__})"[:300]) from None
 
 
 def _grid_with(grid: Any, scalars: dict) -> Any:
@@ -137,6 +156,8 @@ def sweep(source: Any, grid: Mapping, *, gpus: int, global_batch: int, score: st
                          + "; ".join(sorted({s["reason"] for s in skipped}))[:400])
     kwargs = dict(global_batch=int(global_batch), score=score, top=top_splits, bucket=bucket, backend=backend,
                   max_bytes=max_bytes, time_unit=float(time_unit), tokens=tokens)
+    if scheduler is not None:
+        reachable(scheduler)
     with (Cluster(scheduler) if scheduler is not None else contextlib.nullcontext()) as cluster:
 
         def run(chunk: list) -> tuple[list, list]:
