@@ -234,7 +234,7 @@ def _too_small(nbytes: float, bucket: float) -> ValueError:
 def buckets_up(nbytes: float, bucket: float) -> int:
     """Whole buckets an option of ``nbytes`` weighs: ``ceil(nbytes / bucket)`` (ValueError naming the
     bucket when the quotient overflows)."""
-    q = -(-nbytes // bucket)
+    q = -(-float(nbytes) // float(bucket))  # Python floats: an overflow is inf, without a warning
     if not math.isfinite(q):
         raise _too_small(nbytes, bucket)
     return int(q)
@@ -244,7 +244,7 @@ def buckets_down(budget: float, bucket: float, cap: int | None = None) -> int:
     """Whole buckets a budget allows: ``floor(budget / bucket)``, at most ``cap``."""
     if cap is not None and (math.isinf(budget) or budget // bucket > cap):
         return cap
-    q = budget // bucket
+    q = float(budget) // float(bucket)
     if not math.isfinite(q):
         raise _too_small(budget, bucket)
     return int(q)
