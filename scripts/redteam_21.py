@@ -96,7 +96,7 @@ PROBES = [
          "rc = main(['timeline', DEMO, '--micro-batches', str(MAX_TIMELINE_OPS // 32), '--quiet', '--json'])\n"
          "assert rc == 0, rc"),
     cli(SIZES, "timeline one micro-batch over its op limit",
-        ["timeline", DEMO, "--micro-batches", "15626"], ["--micro-batches", "500,000"]),
+        ["timeline", DEMO, "--micro-batches", "7813"], ["--micro-batches", "250,000"]),
     fast(SIZES, "schedule.simulate at its op limit",
          "from gpuknap import schedule; m = schedule.MAX_OPS // 16\n"
          "schedule.simulate([[1.0]] * 8, [[2.0]] * 8, m)"),

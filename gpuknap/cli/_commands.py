@@ -104,16 +104,18 @@ def _stages(args: argparse.Namespace, spec: Spec) -> int:
     return spec.stages
 
 
-def schedule_size(args: argparse.Namespace, spec: Spec, stages: int, chunks: int) -> None:
+def schedule_size(args: argparse.Namespace, spec: Spec, stages: int, chunks: int,
+                  limit: int = schedule.MAX_OPS) -> None:
     """Refuse, naming the flag or field, a schedule too long to simulate (every command that
     reports a split simulates Megatron's schedule for it), before any search."""
     m = spec.model.micro_batches
     ops = 2 * stages * chunks * m
-    if ops > schedule.MAX_OPS:
+    if ops > limit:
         where = "--micro-batches" if args.micro_batches is not None else f"{spec.source}: pipeline.micro_batches"
         raise BadInput(f"{where}: {m:,} micro-batches on {plural(stages, 'stage')}"
                        + (f" x {chunks} chunks" if chunks > 1 else "") + f" make {ops:,} schedule operations, over "
-                       f"the {schedule.MAX_OPS:,} gpuknap simulates; use fewer micro-batches (a larger "
+                       f"the {limit:,} gpuknap simulates{' and prints' if limit < schedule.MAX_OPS else ''}; use fewer "
+                       "micro-batches (a larger "
                        "--micro-batch-size) or fewer stages")
 
 
@@ -294,7 +296,7 @@ def cmd_timeline(args: argparse.Namespace) -> int:
     elif args.recompute:  # a run as it was run: Megatron's even split
         counts = even_counts(spec.model, _stages(args, spec) * chunks)
     else:
-        schedule_size(args, spec, _stages(args, spec), chunks)
+        schedule_size(args, spec, _stages(args, spec), chunks, schedule.MAX_TIMELINE_OPS)
         found = best_splits(spec.model, _stages(args, spec), 1, "1f1b", spec.bucket, get_backend(args.backend),
                             spec.in_flight if chunks == spec.chunks else None, _max_bytes(args), interleave=chunks)
         if not found:
@@ -305,7 +307,7 @@ def cmd_timeline(args: argparse.Namespace) -> int:
         spec.model.check_counts(counts, chunks)
     except ValueError as exc:
         raise BadInput(f"--counts: {exc}") from None
-    schedule_size(args, spec, len(counts) // chunks, chunks)
+    schedule_size(args, spec, len(counts) // chunks, chunks, schedule.MAX_TIMELINE_OPS)
     costs = spec.model.costs
     p2p = args.p2p if args.p2p is not None else (costs.p2p if costs is not None else 0.0)
     solved = schedule.of_split(spec.model, counts, spec.bucket, spec.in_flight, chunks, p2p)

@@ -150,36 +150,49 @@ def sequence(schedule: str, stages: int, chunks: int, micro_batches: int, group:
     """The operations of :func:`order` merged into one dependency-respecting sequence
     (stages take turns running every operation whose input is ready).  Virtual stage
     ``c * P + s`` is chunk c of stage s."""
-    p, v = stages, chunks
-    lists = order(schedule, p, v, micro_batches, group)
-    index: dict[tuple, int] = {}  # (kind, virtual stage, micro-batch) -> position in the sequence
+    p, v, m = int(stages), int(chunks), int(micro_batches)
+    lists = order(schedule, p, v, m, group)
+    # position in the sequence of (kind, virtual stage, micro-batch), at kind * P * v * M + vs * M + mb
+    backward = p * v * m
+    index = [-1] * (2 * backward)
     last = p * v - 1
     nxt = [0] * p
     before = [-1] * p
-    rows: list[tuple] = []
+    cols: tuple[list, ...] = ([], [], [], [], [], [], [])
+    stage_, chunk_, mb_, kind_, dep_, cross_, prev_ = cols
     remaining = sum(len(x) for x in lists)
     while remaining:
         progressed = False
         for s in range(p):
-            while nxt[s] < len(lists[s]):
-                kind, c, mb = lists[s][nxt[s]]
+            ops, i, n = lists[s], nxt[s], len(lists[s])
+            while i < n:
+                kind, c, mb = ops[i]
                 vs = c * p + s
                 if kind == "F":
-                    dep = ("F", vs - 1, mb) if vs > 0 else None
+                    d = index[(vs - 1) * m + mb] if vs > 0 else -1
+                    if vs > 0 and d < 0:
+                        break
+                    k, here = 0, vs * m + mb
                 else:
-                    dep = ("B", vs + 1, mb) if vs < last else ("F", vs, mb)
-                if dep is not None and dep not in index:
-                    break
-                index[(kind, vs, mb)] = len(rows)
-                rows.append((s, c, mb, 0 if kind == "F" else 1, -1 if dep is None else index[dep],
-                             dep is not None and dep[1] != vs, before[s]))
-                before[s] = len(rows) - 1
-                nxt[s] += 1
+                    d = index[backward + (vs + 1) * m + mb] if vs < last else index[vs * m + mb]
+                    if d < 0:
+                        break
+                    k, here = 1, backward + vs * m + mb
+                index[here] = len(stage_)
+                stage_.append(s)
+                chunk_.append(c)
+                mb_.append(mb)
+                kind_.append(k)
+                dep_.append(d)
+                cross_.append(d >= 0 and (k == 0 or vs < last))  # the input came from another virtual stage
+                prev_.append(before[s])
+                before[s] = len(stage_) - 1
+                i += 1
                 remaining -= 1
                 progressed = True
+            nxt[s] = i
         if not progressed:  # pragma: no cover - the prescribed orders never deadlock
             raise AssertionError("the schedule deadlocked")
-    cols = list(zip(*rows))
     return OpSequence(*(np.asarray(col, dtype=bool if i == 5 else np.int64) for i, col in enumerate(cols)))
 
 

@@ -15,9 +15,9 @@ import numpy as np
 from ._orders import MAX_OPS
 from ._simulate import Timeline, iteration_times, simulate
 
-#: Most operations the command line simulates and prints (2 x stages x chunks x micro-batches): the
-#: schedule's own limit (:data:`MAX_OPS`).
-MAX_TIMELINE_OPS = MAX_OPS
+#: Most operations the command line simulates and prints (2 x stages x chunks x micro-batches): half
+#: the schedule's own limit (:data:`MAX_OPS`), as every operation is also kept, summed and written.
+MAX_TIMELINE_OPS = MAX_OPS // 2
 
 
 @dataclass(frozen=True)
