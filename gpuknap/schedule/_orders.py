@@ -150,8 +150,8 @@ def sequence(schedule: str, stages: int, chunks: int, micro_batches: int, group:
     """The operations of :func:`order` merged into one dependency-respecting sequence
     (stages take turns running every operation whose input is ready).  Virtual stage
     ``c * P + s`` is chunk c of stage s."""
+    lists = order(schedule, stages, chunks, micro_batches, group)  # validates the arguments
     p, v, m = int(stages), int(chunks), int(micro_batches)
-    lists = order(schedule, p, v, m, group)
     # position in the sequence of (kind, virtual stage, micro-batch), at kind * P * v * M + vs * M + mb
     backward = p * v * m
     index = [-1] * (2 * backward)
