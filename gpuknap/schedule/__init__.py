@@ -10,7 +10,7 @@ It needs nothing else of gpuknap: the search and everything above read it.
 """
 from ._orders import (MAX_OPS, SCHEDULES, OpSequence, Waves, check_ops, check_schedule, levels, order, schedule_table,
                       sequence)
-from ._simulate import Op, Timeline, in_flight_table, iteration_times, simulate
+from ._simulate import Op, Timeline, bound_iteration_times, in_flight_table, iteration_times, simulate
 from ._timeline import (
                         MAX_TIMELINE_OPS,
                         ChunkTimes,
@@ -25,6 +25,6 @@ from ._timeline import (
 
 __all__ = [
     "SCHEDULES", "OpSequence", "Waves", "check_ops", "check_schedule", "levels", "order", "schedule_table", "sequence",
-    "MAX_OPS", "Op", "Timeline", "in_flight_table", "iteration_times", "simulate",
+    "MAX_OPS", "Op", "Timeline", "bound_iteration_times", "in_flight_table", "iteration_times", "simulate",
     "MAX_TIMELINE_OPS", "ChunkTimes", "chunk_times", "of_split", "record", "simulated_times", "stage_forward_backward", "summary", "timeline_of",
 ]

@@ -133,8 +133,22 @@ def iteration_times(forward: np.ndarray, backward: np.ndarray, micro_batches: in
     ``[B, stages, chunks]`` arrays.  Each operation ends at ``max(end of the operation
     before it on its stage, end of its input (+ p2p)) + its time``, as in :func:`simulate`,
     so each entry equals ``simulate(...).iteration_time`` exactly; operations run one
-    wave at a time (:func:`._orders.levels`), every pipeline of the batch at once."""
-    fwd, bwd = _times(forward, "forward"), _times(backward, "backward")
+    wave at a time (:func:`._orders.levels`), every pipeline of the batch at once.  Times
+    must be finite and >= 0 (ValueError naming ``forward`` or ``backward``)."""
+    return _iteration_times(forward, backward, micro_batches, schedule, p2p, group, True)
+
+
+def bound_iteration_times(forward: np.ndarray, backward: np.ndarray, micro_batches: int,
+                          schedule: str = "1f1b", p2p: float = 0.0, group: int | None = None) -> np.ndarray:
+    """:func:`iteration_times` for bounds: the same maxima and additions (monotone in every
+    time), but a time may be negative or infinite, as a bound built from differences of times
+    may be (the simulated search's partial splits); only NaN is refused."""
+    return _iteration_times(forward, backward, micro_batches, schedule, p2p, group, False)
+
+
+def _iteration_times(forward: Any, backward: Any, micro_batches: Any, schedule: Any, p2p: Any, group: Any,
+                     strict: bool) -> np.ndarray:
+    fwd, bwd = _times(forward, "forward", strict), _times(backward, "backward", strict)
     if fwd.ndim != 3 or fwd.shape != bwd.shape:
         raise ValueError("forward and backward must be [batch, stages, chunks] arrays of one shape, got shapes "
                          f"{fwd.shape} and {bwd.shape}")
@@ -157,15 +171,18 @@ def iteration_times(forward: np.ndarray, backward: np.ndarray, micro_batches: in
     return out
 
 
-def _times(values: Any, name: str) -> np.ndarray:
-    """A float array of finite times >= 0 (ValueError naming ``name``)."""
+def _times(values: Any, name: str, strict: bool = True) -> np.ndarray:
+    """A float array of finite times >= 0 (``strict``), else of times that are not NaN
+    (ValueError naming ``name``)."""
     try:
         arr = np.asarray(values, dtype=np.float64)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{name} must be an array of times: {exc}") from None
-    if arr.size and not (np.isfinite(arr).all() and (arr >= 0).all()):
+    if strict and arr.size and not (np.isfinite(arr).all() and (arr >= 0).all()):
         bad = arr[~(np.isfinite(arr) & (arr >= 0))][0]
-        raise ValueError(f"{name} must hold finite times >= 0, got {bad!r}")
+        raise ValueError(f"{name} must hold finite times >= 0, got {float(bad)!r}")
+    if not strict and np.isnan(arr).any():
+        raise ValueError(f"{name} must hold times, got NaN")
     return arr
 
 

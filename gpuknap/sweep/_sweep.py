@@ -20,7 +20,7 @@ from typing import Any, Mapping
 
 from ..engine import MAX_TOP, MEGABYTE, check_int, check_max_bytes, get_backend
 from ..search import PipelineModel
-from ._cluster import Cluster
+from ._cluster import Cluster, _distributed
 from ._explain import order_rows
 from ._grid import MAX_CONFIGS, MAX_CONFIGS_TOP, Sweep, expand
 from ._prune import best_rows
@@ -157,6 +157,7 @@ def sweep(source: Any, grid: Mapping, *, gpus: int, global_batch: int, score: st
     kwargs = dict(global_batch=int(global_batch), score=score, top=top_splits, bucket=bucket, backend=backend,
                   max_bytes=max_bytes, time_unit=float(time_unit), tokens=tokens)
     if scheduler is not None:
+        _distributed()  # says how to install it, before any connection is tried
         reachable(scheduler)
     with (Cluster(scheduler) if scheduler is not None else contextlib.nullcontext()) as cluster:
 
