@@ -281,6 +281,11 @@ cli("Megatron file without the layout flag", ["rank", DEMO, "--from", "{f}"],
     ["{f}", "--pipeline-model-parallel-layout"], {"run.sh": "--num-layers 96\n--pipeline-model-parallel-size 2\n"})
 cli("Megatron file opening with a brace", ["rank", DEMO, "--from", "{f}"], ["{f}", "--pipeline-model-parallel-layout"],
     {"run.json": "{\n--num-layers 96\n--pipeline-model-parallel-size 2\n"})
+# a note (--dp not given) is held while the command runs: a refusal stays one line
+cli("config without --dp or --stages", ["best", "{f}", "--micro-batches", "8", "--seq", "4096"], ["--stages"],
+    {"config.json": _config("llama")})
+cli("config without --dp, --tp 3", ["best", "{f}", "--micro-batches", "8", "--seq", "4096", "--stages", "4",
+                                    "--tp", "3"], ["--tp"], {"config.json": _config("llama")})
 # --scheduler: the flag named, at once, whatever is (or is not) at the address
 for label, address in (("spaces", "foo bar"), ("a closed port", "tcp://127.0.0.1:1"),
                        ("another closed port", "127.0.0.1:9"), ("a non-Dask server", "tcp://127.0.0.1:{port}"),
@@ -413,3 +418,10 @@ def test_settings_files_are_read_as_their_framework(name, text, framework, tmp_p
     assert type(settings).__module__.endswith("megatron" if framework == "megatron" else "_mindformers_read")
     assert settings.stages == 16
     assert main(["rank", DEMO, "--from", str(path), "--capacity", "1TiB", "--quiet"]) == 0, capsys.readouterr()
+
+
+def test_a_note_is_written_when_the_command_succeeds(capsys):
+    config = os.path.join(EXAMPLES, "llama2_7b_config.json")
+    assert main(["best", config, "--micro-batches", "8", "--seq", "4096", "--stages", "4", "--quiet"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("note: --dp not given")

@@ -22,7 +22,7 @@ from ..search import MAX_IN_FLIGHT, MAX_LAYERS, SCORES
 from ._commands import MAX_POINTS, cmd_best, cmd_curve, cmd_rank, cmd_timeline
 from ._flags import Parser, cells, device_field, fraction, guarded, integer, number, size
 from ._plots import require_matplotlib
-from ._progress import Bar
+from ._progress import Bar, hold_notes, release_notes
 from ._sweep import add_sweep
 
 
@@ -129,14 +129,19 @@ def _run(args: argparse.Namespace) -> int:
         args.json = True
     _check_outputs(args)
     bar = Bar(args.quiet)
+    hold_notes()  # written after the command, unless it ends in an error (one line)
+    done = False
     with ExitStack() as stack:
         stack.enter_context(reporting(bar))
         if args.max_work is not None:
             stack.enter_context(work_limit(args.max_work))
         try:
-            return args.func(args)
+            code = args.func(args)
+            done = True
+            return code
         finally:
             bar.close()
+            release_notes(done)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
