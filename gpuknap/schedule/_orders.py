@@ -145,13 +145,23 @@ class OpSequence:
     prev: np.ndarray
 
 
-@lru_cache(maxsize=64)
+def _key(schedule: str, stages: int, chunks: int, micro_batches: int, group: int | None) -> tuple:
+    """The arguments validated (before any cache is asked: ``True`` hashes as ``1``) and made ints."""
+    check_schedule(schedule, stages, chunks, micro_batches, group)
+    check_ops(stages, chunks, micro_batches)
+    return schedule, int(stages), int(chunks), int(micro_batches), None if group is None else int(group)
+
+
 def sequence(schedule: str, stages: int, chunks: int, micro_batches: int, group: int | None = None) -> OpSequence:
     """The operations of :func:`order` merged into one dependency-respecting sequence
     (stages take turns running every operation whose input is ready).  Virtual stage
     ``c * P + s`` is chunk c of stage s."""
-    lists = order(schedule, stages, chunks, micro_batches, group)  # validates the arguments
-    p, v, m = int(stages), int(chunks), int(micro_batches)
+    return _sequence(*_key(schedule, stages, chunks, micro_batches, group))
+
+
+@lru_cache(maxsize=64)
+def _sequence(schedule: str, p: int, v: int, m: int, group: int | None) -> OpSequence:
+    lists = order(schedule, p, v, m, group)
     # position in the sequence of (kind, virtual stage, micro-batch), at kind * P * v * M + vs * M + mb
     backward = p * v * m
     index = [-1] * (2 * backward)
@@ -205,11 +215,15 @@ class Waves:
     bounds: np.ndarray
 
 
-@lru_cache(maxsize=64)
 def levels(schedule: str, stages: int, chunks: int, micro_batches: int, group: int | None = None) -> Waves:
     """The waves of :func:`sequence`: an operation's wave is one more than the latest of
     the operation before it on its stage and the one it waits for."""
-    seq = sequence(schedule, stages, chunks, micro_batches, group)
+    return _levels(*_key(schedule, stages, chunks, micro_batches, group))
+
+
+@lru_cache(maxsize=64)
+def _levels(schedule: str, stages: int, chunks: int, micro_batches: int, group: int | None) -> Waves:
+    seq = _sequence(schedule, stages, chunks, micro_batches, group)
     waves: list[int] = []
     for d, b in zip(seq.dep.tolist(), seq.prev.tolist()):
         waves.append(max(waves[d] + 1 if d >= 0 else 0, waves[b] + 1 if b >= 0 else 0))
