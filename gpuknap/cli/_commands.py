@@ -63,12 +63,29 @@ def _max_bytes(args: argparse.Namespace) -> int | None:
     return None if args.max_memory is None else int(args.max_memory)
 
 
+#: Stands in for a timeline's operations while the rest of the document is indented.
+_OPS = "__gpuknap_timeline_ops__"
+
+
 def _emit(args: argparse.Namespace, payload: dict, text: str) -> None:
     if args.json:
-        json.dump(payload, sys.stdout, indent=2, allow_nan=False)
-        sys.stdout.write("\n")
+        sys.stdout.write(json_text(payload) + "\n")
     else:
         print(text)
+
+
+def json_text(payload: dict) -> str:
+    """The JSON document, indented, except a timeline's operations: one compact line each (the
+    indenting encoder is pure Python, about 20 times slower than the compact one, and a timeline
+    may hold hundreds of thousands of operations)."""
+    timeline = payload.get("timeline")
+    ops = timeline.get("ops") if isinstance(timeline, dict) else None
+    if not ops:
+        return json.dumps(payload, indent=2, allow_nan=False)
+    text = json.dumps({**payload, "timeline": {**timeline, "ops": _OPS}}, indent=2, allow_nan=False)
+    encode = json.JSONEncoder(allow_nan=False).encode
+    body = "[\n" + ",\n".join("      " + encode(op) for op in ops) + "\n    ]"
+    return text.replace(json.dumps(_OPS), body, 1)
 
 
 def _header(command: str, spec: Spec, backend: str) -> dict:
@@ -87,10 +104,26 @@ def _stages(args: argparse.Namespace, spec: Spec) -> int:
     return spec.stages
 
 
+def schedule_size(args: argparse.Namespace, spec: Spec, stages: int, chunks: int,
+                  limit: int = schedule.MAX_OPS) -> None:
+    """Refuse, naming the flag or field, a schedule too long to simulate (every command that
+    reports a split simulates Megatron's schedule for it), before any search."""
+    m = spec.model.micro_batches
+    ops = 2 * stages * chunks * m
+    if ops > limit:
+        where = "--micro-batches" if args.micro_batches is not None else f"{spec.source}: pipeline.micro_batches"
+        raise BadInput(f"{where}: {m:,} micro-batches on {plural(stages, 'stage')}"
+                       + (f" x {chunks} chunks" if chunks > 1 else "") + f" make {ops:,} schedule operations, over "
+                       f"the {limit:,} gpuknap simulates{' and prints' if limit < schedule.MAX_OPS else ''}; use fewer "
+                       "micro-batches (a larger "
+                       "--micro-batch-size) or fewer stages")
+
+
 def cmd_best(args: argparse.Namespace) -> int:
     spec = _spec(args, args.spec)
     stages = _stages(args, spec)
     chunks = args.interleave or spec.chunks
+    schedule_size(args, spec, stages, chunks)
     in_flight = spec.in_flight if chunks == spec.chunks else None  # another --interleave: the schedule's table
     backend = get_backend(args.backend)
     model = spec.model
@@ -162,6 +195,7 @@ def cmd_rank(args: argparse.Namespace) -> int:
                        f"({need})")
     if width % spec.chunks:
         raise BadInput(f"{sf.where(0)} has {width} counts, not a multiple of pipeline.interleave={spec.chunks}")
+    schedule_size(args, spec, width // spec.chunks, spec.chunks)
     try:
         spec.model.check_splits(splits, spec.chunks, sf.where)
     except ValueError as exc:  # row errors name the file already; shape and dtype errors do not
@@ -220,6 +254,8 @@ def cmd_curve(args: argparse.Namespace) -> int:
             return EXIT_INFEASIBLE
         counts = list(found[0][0])
     p = len(counts) // spec.chunks
+    if spec.chunks > 1:  # the interleaved in-flight table is read from the schedule's order
+        schedule_size(args, spec, p, spec.chunks)
     if spec.stages is not None and args.counts and p != spec.stages and spec.in_flight is not None:
         raise BadInput(f"--counts: {p} stages, but the spec's in-flight table is for {spec.stages}")
     if not args.stage < p:
@@ -260,6 +296,7 @@ def cmd_timeline(args: argparse.Namespace) -> int:
     elif args.recompute:  # a run as it was run: Megatron's even split
         counts = even_counts(spec.model, _stages(args, spec) * chunks)
     else:
+        schedule_size(args, spec, _stages(args, spec), chunks, schedule.MAX_TIMELINE_OPS)
         found = best_splits(spec.model, _stages(args, spec), 1, "1f1b", spec.bucket, get_backend(args.backend),
                             spec.in_flight if chunks == spec.chunks else None, _max_bytes(args), interleave=chunks)
         if not found:
@@ -270,6 +307,7 @@ def cmd_timeline(args: argparse.Namespace) -> int:
         spec.model.check_counts(counts, chunks)
     except ValueError as exc:
         raise BadInput(f"--counts: {exc}") from None
+    schedule_size(args, spec, len(counts) // chunks, chunks, schedule.MAX_TIMELINE_OPS)
     costs = spec.model.costs
     p2p = args.p2p if args.p2p is not None else (costs.p2p if costs is not None else 0.0)
     solved = schedule.of_split(spec.model, counts, spec.bucket, spec.in_flight, chunks, p2p)

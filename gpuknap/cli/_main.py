@@ -16,20 +16,21 @@ from .. import formats
 from ..costs import DEFAULT_DEVICE, DEFAULT_EFFICIENCY, DEVICES
 from ..formats._fields import RECOMPUTE
 from .._version import __version__
-from ..engine import MAX_TOP, reporting, work_limit
+from ..engine import BACKENDS, MAX_TOP, reporting, work_limit
 from ..formats.splitfiles import PLOT_SUFFIXES, check_output
 from ..search import MAX_IN_FLIGHT, MAX_LAYERS, SCORES
 from ._commands import MAX_POINTS, cmd_best, cmd_curve, cmd_rank, cmd_timeline
 from ._flags import Parser, cells, device_field, fraction, guarded, integer, number, size
 from ._plots import require_matplotlib
-from ._progress import Bar
+from ._progress import Bar, hold_notes, release_notes
 from ._sweep import add_sweep
 
 
 def build_parser() -> argparse.ArgumentParser:
     base = Parser(add_help=False)  # every command's flags; `common` adds one configuration's
-    base.add_argument("--backend", default="auto", choices=["auto", "numpy", "cupy"],
-                      help="array backend (default auto: CuPy when a GPU is present; env GPUKNAP_BACKEND)")
+    base.add_argument("--backend", default="auto", choices=list(BACKENDS),
+                      help="array backend (default auto: CuPy when a GPU is present, else the fused CPU pass "
+                           "when Numba imports, else NumPy; env GPUKNAP_BACKEND)")
     base.add_argument("--bucket", type=size("--bucket"),
                       help="memory bucket, e.g. '1 MiB' (default: the spec's, else 1 MiB)")
     base.add_argument("--capacity", type=size("--capacity"),
@@ -128,14 +129,19 @@ def _run(args: argparse.Namespace) -> int:
         args.json = True
     _check_outputs(args)
     bar = Bar(args.quiet)
+    hold_notes()  # written after the command, unless it ends in an error (one line)
+    done = False
     with ExitStack() as stack:
         stack.enter_context(reporting(bar))
         if args.max_work is not None:
             stack.enter_context(work_limit(args.max_work))
         try:
-            return args.func(args)
+            code = args.func(args)
+            done = True
+            return code
         finally:
             bar.close()
+            release_notes(done)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -56,8 +56,30 @@ class Bar:
             _active = None
 
 
+#: Notes of the command running, written when it ends without an error (None: write at once).
+_pending: list[str] | None = None
+
+
 def note(text: str) -> None:
-    """A ``note: ...`` line on stderr, the progress line erased first."""
+    """A ``note: ...`` line on stderr, the progress line erased first; while a command runs it is
+    held until the command ends, so that a refusal stays the one line on stderr."""
+    if _pending is not None:
+        _pending.append(text)
+        return
     if _active is not None:
         _active.clear()
     print(f"note: {text}", file=sys.stderr)
+
+
+def hold_notes() -> None:
+    """Hold the notes from now on (the command starts)."""
+    global _pending
+    _pending = []
+
+
+def release_notes(write: bool) -> None:
+    """Write the notes held (the command ended without an error), or drop them; stop holding."""
+    global _pending
+    held, _pending = _pending or [], None
+    for text in held if write else ():
+        note(text)

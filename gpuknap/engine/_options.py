@@ -226,13 +226,25 @@ class FrontTable:
         return front
 
 
+def _too_small(nbytes: float, bucket: float) -> ValueError:
+    return ValueError(f"bucket {bucket!r} is too small: {nbytes!r} bytes would be more buckets than a float "
+                      "can count; give a bucket of at least 1 byte")
+
+
 def buckets_up(nbytes: float, bucket: float) -> int:
-    """Whole buckets an option of ``nbytes`` weighs: ``ceil(nbytes / bucket)``."""
-    return int(-(-nbytes // bucket))
+    """Whole buckets an option of ``nbytes`` weighs: ``ceil(nbytes / bucket)`` (ValueError naming the
+    bucket when the quotient overflows)."""
+    q = -(-float(nbytes) // float(bucket))  # Python floats: an overflow is inf, without a warning
+    if not math.isfinite(q):
+        raise _too_small(nbytes, bucket)
+    return int(q)
 
 
 def buckets_down(budget: float, bucket: float, cap: int | None = None) -> int:
     """Whole buckets a budget allows: ``floor(budget / bucket)``, at most ``cap``."""
     if cap is not None and (math.isinf(budget) or budget // bucket > cap):
         return cap
-    return int(budget // bucket)
+    q = float(budget) // float(bucket)
+    if not math.isfinite(q):
+        raise _too_small(budget, bucket)
+    return int(q)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
-from ..costs import Architecture, Experts, LatentAttention, Training, build, fixed
+from ..costs import MAX_SIZE, Architecture, Experts, LatentAttention, Training, build, fixed
 from ..costs import device as costs_device
 from ..engine import MEGABYTE
 from ..search import PipelineModel
@@ -117,6 +117,8 @@ def _count(data: Mapping, key: str, where: str, default: Any = None) -> int:
         raise ValueError(f"{where}: {key}: missing (a Hugging Face config of this family gives it)")
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{where}: {key}: expected an integer >= 1, got {value!r}")
+    if value > MAX_SIZE:  # named here, by the config's own field, before the cost model sees it
+        raise ValueError(f"{where}: {key}: expected an integer from 1 to {MAX_SIZE:,}, got {value:,}")
     return value
 
 
@@ -158,6 +160,8 @@ def _optional(data: Mapping, key: str, where: str, default: int, low: int = 0) -
         return default
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise ValueError(f"{where}: {key}: expected an integer >= {low}, got {value!r}")
+    if value > MAX_SIZE:
+        raise ValueError(f"{where}: {key}: expected an integer from {low} to {MAX_SIZE:,}, got {value:,}")
     return value
 
 

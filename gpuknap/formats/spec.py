@@ -158,6 +158,7 @@ def load_spec(path: str | os.PathLike, *, capacity: Any = None, micro_batches: i
     if reserved >= capacity:
         blame = "device.reserved" if "reserved" in device else "reserved"
         raise f.fail(blame, f"{reserved:,.0f} bytes reserved leave nothing of the {capacity:,.0f}-byte capacity")
+    given_micro_batches = micro_batches is not None
     if micro_batches is None:
         if "micro_batches" not in pipeline:
             raise f.fail("pipeline.micro_batches", "missing")
@@ -196,6 +197,10 @@ def load_spec(path: str | os.PathLike, *, capacity: Any = None, micro_batches: i
         try:
             in_flight = tuple(tuple(r) for r in model.in_flight_table(stages, chunks))
         except ValueError as exc:
+            what, sep, rest = str(exc).partition(": ")
+            if what == "micro_batches" and sep:  # the schedule is too long to build: blame what set M
+                raise f.fail("--micro-batches (micro_batches=)" if given_micro_batches else "pipeline.micro_batches",
+                             rest) from None
             raise f.fail("pipeline.interleave", str(exc)) from None
     if bucket is None:
         bucket = f.quantity(data.get("bucket", MEGABYTE), "bucket", "bytes", positive=True)

@@ -8,8 +8,9 @@ tables the memory model reads (:func:`in_flight_table`), and the timeline of
 a solved split (per-chunk times from its plan, a summary, the JSON record).
 It needs nothing else of gpuknap: the search and everything above read it.
 """
-from ._orders import SCHEDULES, OpSequence, Waves, check_schedule, levels, order, schedule_table, sequence
-from ._simulate import MAX_OPS, Op, Timeline, in_flight_table, iteration_times, simulate
+from ._orders import (MAX_OPS, SCHEDULES, OpSequence, Waves, check_ops, check_schedule, levels, order, schedule_table,
+                      sequence)
+from ._simulate import Op, Timeline, bound_iteration_times, in_flight_table, iteration_times, simulate
 from ._timeline import (
                         MAX_TIMELINE_OPS,
                         ChunkTimes,
@@ -23,7 +24,7 @@ from ._timeline import (
 )
 
 __all__ = [
-    "SCHEDULES", "OpSequence", "Waves", "check_schedule", "levels", "order", "schedule_table", "sequence",
-    "MAX_OPS", "Op", "Timeline", "in_flight_table", "iteration_times", "simulate",
+    "SCHEDULES", "OpSequence", "Waves", "check_ops", "check_schedule", "levels", "order", "schedule_table", "sequence",
+    "MAX_OPS", "Op", "Timeline", "bound_iteration_times", "in_flight_table", "iteration_times", "simulate",
     "MAX_TIMELINE_OPS", "ChunkTimes", "chunk_times", "of_split", "record", "simulated_times", "stage_forward_backward", "summary", "timeline_of",
 ]

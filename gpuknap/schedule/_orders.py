@@ -33,13 +33,20 @@ from functools import lru_cache
 import numpy as np
 
 SCHEDULES = ("1f1b", "interleaved", "interleaved-legacy")
+#: Most operations (2 x stages x chunks x micro-batches) a schedule is built for: the orders, the
+#: merged sequence and its waves are Python lists, about 10 s per million operations on a loaded
+#: 2-core machine, so a larger schedule is refused before anything is built.
+MAX_OPS = 500_000
 
 
 def check_schedule(schedule: str, stages: int, chunks: int, micro_batches: int, group: int | None = None) -> int:
     """Validate a schedule's arguments; return the micro-batch group size it uses (P when not given)."""
-    if schedule not in SCHEDULES:
+    if not isinstance(schedule, str) or schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
-    p, v, m = stages, chunks, micro_batches
+    for name, value in (("stages", stages), ("chunks", chunks), ("micro_batches", micro_batches)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    p, v, m = int(stages), int(chunks), int(micro_batches)
     if group is not None and (isinstance(group, bool) or not isinstance(group, (int, np.integer)) or group < 1):
         raise ValueError(f"group must be an integer >= 1 (micro-batches per group per virtual stage), got {group!r}")
     if schedule == "1f1b" or v == 1:
@@ -67,6 +74,17 @@ def check_schedule(schedule: str, stages: int, chunks: int, micro_batches: int, 
     return g
 
 
+def check_ops(stages: int, chunks: int, micro_batches: int) -> int:
+    """The operations of a schedule (2 x stages x chunks x micro-batches), refused over :data:`MAX_OPS`
+    (a ValueError naming micro_batches) before anything is built."""
+    ops = 2 * int(stages) * int(chunks) * int(micro_batches)
+    if ops > MAX_OPS:
+        raise ValueError(f"micro_batches: {int(micro_batches):,} micro-batches on {int(stages):,} stages x "
+                         f"{int(chunks):,} chunks make {ops:,} schedule operations, over the {MAX_OPS:,} gpuknap "
+                         "simulates; use fewer micro-batches (or stages)")
+    return ops
+
+
 def schedule_table(m: int, v: int, g: int) -> list[tuple[int, int]]:
     """Megatron's schedule table for M micro-batches, v chunks and groups of g: per virtual
     micro-batch (forward k), ``(micro-batch, chunk)``."""
@@ -80,7 +98,8 @@ def schedule_table(m: int, v: int, g: int) -> list[tuple[int, int]]:
 def order(schedule: str, stages: int, chunks: int, micro_batches: int, group: int | None = None) -> list[list[tuple]]:
     """Per stage, its operations in order, each ``(kind, chunk, micro_batch)``."""
     g = check_schedule(schedule, stages, chunks, micro_batches, group)
-    p, v, m = stages, chunks, micro_batches
+    check_ops(stages, chunks, micro_batches)
+    p, v, m = int(stages), int(chunks), int(micro_batches)
     if v == 1:  # one chunk per stage: interleaving is plain 1F1B (as in Megatron)
         out = []
         for s in range(p):
@@ -126,41 +145,64 @@ class OpSequence:
     prev: np.ndarray
 
 
-@lru_cache(maxsize=64)
+def _key(schedule: str, stages: int, chunks: int, micro_batches: int, group: int | None) -> tuple:
+    """The arguments validated (before any cache is asked: ``True`` hashes as ``1``) and made ints."""
+    check_schedule(schedule, stages, chunks, micro_batches, group)
+    check_ops(stages, chunks, micro_batches)
+    return schedule, int(stages), int(chunks), int(micro_batches), None if group is None else int(group)
+
+
 def sequence(schedule: str, stages: int, chunks: int, micro_batches: int, group: int | None = None) -> OpSequence:
     """The operations of :func:`order` merged into one dependency-respecting sequence
     (stages take turns running every operation whose input is ready).  Virtual stage
     ``c * P + s`` is chunk c of stage s."""
-    p, v = stages, chunks
-    lists = order(schedule, p, v, micro_batches, group)
-    index: dict[tuple, int] = {}  # (kind, virtual stage, micro-batch) -> position in the sequence
+    return _sequence(*_key(schedule, stages, chunks, micro_batches, group))
+
+
+@lru_cache(maxsize=64)
+def _sequence(schedule: str, p: int, v: int, m: int, group: int | None) -> OpSequence:
+    lists = order(schedule, p, v, m, group)
+    # position in the sequence of (kind, virtual stage, micro-batch), at kind * P * v * M + vs * M + mb
+    backward = p * v * m
+    index = [-1] * (2 * backward)
     last = p * v - 1
     nxt = [0] * p
     before = [-1] * p
-    rows: list[tuple] = []
+    cols: tuple[list, ...] = ([], [], [], [], [], [], [])
+    stage_, chunk_, mb_, kind_, dep_, cross_, prev_ = cols
     remaining = sum(len(x) for x in lists)
     while remaining:
         progressed = False
         for s in range(p):
-            while nxt[s] < len(lists[s]):
-                kind, c, mb = lists[s][nxt[s]]
+            ops, i, n = lists[s], nxt[s], len(lists[s])
+            while i < n:
+                kind, c, mb = ops[i]
                 vs = c * p + s
                 if kind == "F":
-                    dep = ("F", vs - 1, mb) if vs > 0 else None
+                    d = index[(vs - 1) * m + mb] if vs > 0 else -1
+                    if vs > 0 and d < 0:
+                        break
+                    k, here = 0, vs * m + mb
                 else:
-                    dep = ("B", vs + 1, mb) if vs < last else ("F", vs, mb)
-                if dep is not None and dep not in index:
-                    break
-                index[(kind, vs, mb)] = len(rows)
-                rows.append((s, c, mb, 0 if kind == "F" else 1, -1 if dep is None else index[dep],
-                             dep is not None and dep[1] != vs, before[s]))
-                before[s] = len(rows) - 1
-                nxt[s] += 1
+                    d = index[backward + (vs + 1) * m + mb] if vs < last else index[vs * m + mb]
+                    if d < 0:
+                        break
+                    k, here = 1, backward + vs * m + mb
+                index[here] = len(stage_)
+                stage_.append(s)
+                chunk_.append(c)
+                mb_.append(mb)
+                kind_.append(k)
+                dep_.append(d)
+                cross_.append(d >= 0 and (k == 0 or vs < last))  # the input came from another virtual stage
+                prev_.append(before[s])
+                before[s] = len(stage_) - 1
+                i += 1
                 remaining -= 1
                 progressed = True
+            nxt[s] = i
         if not progressed:  # pragma: no cover - the prescribed orders never deadlock
             raise AssertionError("the schedule deadlocked")
-    cols = list(zip(*rows))
     return OpSequence(*(np.asarray(col, dtype=bool if i == 5 else np.int64) for i, col in enumerate(cols)))
 
 
@@ -173,11 +215,15 @@ class Waves:
     bounds: np.ndarray
 
 
-@lru_cache(maxsize=64)
 def levels(schedule: str, stages: int, chunks: int, micro_batches: int, group: int | None = None) -> Waves:
     """The waves of :func:`sequence`: an operation's wave is one more than the latest of
     the operation before it on its stage and the one it waits for."""
-    seq = sequence(schedule, stages, chunks, micro_batches, group)
+    return _levels(*_key(schedule, stages, chunks, micro_batches, group))
+
+
+@lru_cache(maxsize=64)
+def _levels(schedule: str, stages: int, chunks: int, micro_batches: int, group: int | None) -> Waves:
+    seq = _sequence(schedule, stages, chunks, micro_batches, group)
     waves: list[int] = []
     for d, b in zip(seq.dep.tolist(), seq.prev.tolist()):
         waves.append(max(waves[d] + 1 if d >= 0 else 0, waves[b] + 1 if b >= 0 else 0))

@@ -20,15 +20,12 @@ backward not yet -- depends on the order alone, not on the times
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import Any, Sequence
 
 import numpy as np
 
-from ._orders import check_schedule, levels, order, sequence
-
-#: Most operations one simulation runs (stages x chunks x micro-batches x 2).
-MAX_OPS = 20_000_000
+from ._orders import check_ops, check_schedule, levels, order, sequence
 #: Bytes of operation end times the batched simulator holds at once (pipelines are cut into chunks).
 BATCH_BYTES = 32 * 2**20
 
@@ -54,11 +51,11 @@ class Timeline:
     micro_batches: int
     ops: tuple
 
-    @property
+    @cached_property
     def iteration_time(self) -> float:
         return max((op.end for op in self.ops), default=0.0)
 
-    @property
+    @cached_property
     def busy(self) -> list[float]:
         out = [0.0] * self.stages
         for op in self.ops:
@@ -67,7 +64,8 @@ class Timeline:
 
     @property
     def idle(self) -> list[float]:
-        return [self.iteration_time - b for b in self.busy]
+        end = self.iteration_time
+        return [end - b for b in self.busy]
 
     @property
     def bubble(self) -> float:
@@ -75,7 +73,7 @@ class Timeline:
         total = self.iteration_time * self.stages
         return sum(self.idle) / total if total > 0 else 0.0
 
-    @property
+    @cached_property
     def peak_in_flight(self) -> list[list[int]]:
         """``[stage][chunk]``: the most micro-batches alive at once (forward done, backward not)."""
         peak = [[0] * self.chunks for _ in range(self.stages)]
@@ -88,9 +86,13 @@ class Timeline:
 
 def _check(times: Any, name: str, stages: int | None) -> list[list[float]]:
     import math
-    rows = [list(r) if isinstance(r, (list, tuple)) else [r] for r in times]
+    if isinstance(times, (str, bytes)) or not hasattr(times, "__iter__"):
+        raise ValueError(f"{name} must be [stage][chunk] times, got {type(times).__name__}")
+    rows = [list(r) if isinstance(r, (list, tuple, np.ndarray)) else [r] for r in times]
     if not rows or (stages is not None and len(rows) != stages) or len({len(r) for r in rows}) != 1:
         raise ValueError(f"{name} must be [stage][chunk] times, one row per stage, every row as long")
+    if not rows[0]:
+        raise ValueError(f"{name} must have at least one chunk per stage, got empty rows")
     for s, row in enumerate(rows):
         for c, t in enumerate(row):
             if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
@@ -108,13 +110,10 @@ def simulate(forward: Sequence, backward: Sequence, micro_batches: int, schedule
     p, v = len(fwd), len(fwd[0])
     if len(bwd[0]) != v:
         raise ValueError("forward and backward must have the same chunks per stage")
-    if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) or micro_batches < 1:
-        raise ValueError(f"micro_batches must be an integer >= 1, got {micro_batches!r}")
-    if isinstance(p2p, bool) or not isinstance(p2p, (int, float)) or not 0 <= p2p < float("inf"):
-        raise ValueError(f"p2p must be a finite time >= 0, got {p2p!r}")
-    if 2 * p * v * micro_batches > MAX_OPS:
-        raise ValueError(f"{2 * p * v * micro_batches:,} operations is over the limit of {MAX_OPS:,}")
+    _check_p2p(p2p)
     check_schedule(schedule, p, v, micro_batches, group)
+    check_ops(p, v, micro_batches)
+    micro_batches = int(micro_batches)
     seq = sequence(schedule, p, v, micro_batches, group)
     ends = [0.0] * len(seq.stage)
     free, ops = [0.0] * p, []
@@ -134,15 +133,34 @@ def iteration_times(forward: np.ndarray, backward: np.ndarray, micro_batches: in
     ``[B, stages, chunks]`` arrays.  Each operation ends at ``max(end of the operation
     before it on its stage, end of its input (+ p2p)) + its time``, as in :func:`simulate`,
     so each entry equals ``simulate(...).iteration_time`` exactly; operations run one
-    wave at a time (:func:`._orders.levels`), every pipeline of the batch at once."""
-    fwd = np.asarray(forward, dtype=np.float64)
-    bwd = np.asarray(backward, dtype=np.float64)
+    wave at a time (:func:`._orders.levels`), every pipeline of the batch at once.  Times
+    must be finite and >= 0 (ValueError naming ``forward`` or ``backward``)."""
+    return _iteration_times(forward, backward, micro_batches, schedule, p2p, group, True)
+
+
+def bound_iteration_times(forward: np.ndarray, backward: np.ndarray, micro_batches: int,
+                          schedule: str = "1f1b", p2p: float = 0.0, group: int | None = None) -> np.ndarray:
+    """:func:`iteration_times` for bounds: the same maxima and additions (monotone in every
+    time), but a time may be negative or infinite, as a bound built from differences of times
+    may be (the simulated search's partial splits); only NaN is refused."""
+    return _iteration_times(forward, backward, micro_batches, schedule, p2p, group, False)
+
+
+def _iteration_times(forward: Any, backward: Any, micro_batches: Any, schedule: Any, p2p: Any, group: Any,
+                     strict: bool) -> np.ndarray:
+    fwd, bwd = _times(forward, "forward", strict), _times(backward, "backward", strict)
     if fwd.ndim != 3 or fwd.shape != bwd.shape:
-        raise ValueError("forward and backward must be [batch, stages, chunks] arrays of one shape")
+        raise ValueError("forward and backward must be [batch, stages, chunks] arrays of one shape, got shapes "
+                         f"{fwd.shape} and {bwd.shape}")
     batch, p, v = fwd.shape
-    if batch == 0 or p == 0:
-        return np.zeros(batch)
+    if p == 0 or v == 0:
+        raise ValueError(f"forward and backward must have at least one stage and one chunk, got shape {fwd.shape}")
+    _check_p2p(p2p)
     check_schedule(schedule, p, v, micro_batches, group)
+    check_ops(p, v, micro_batches)
+    micro_batches = int(micro_batches)
+    if batch == 0:
+        return np.zeros(0)
     seq = sequence(schedule, p, v, micro_batches, group)
     waves = levels(schedule, p, v, micro_batches, group)
     n = len(seq.stage)
@@ -151,6 +169,27 @@ def iteration_times(forward: np.ndarray, backward: np.ndarray, micro_batches: in
     for lo in range(0, batch, step):
         out[lo:lo + step] = _run_waves(seq, waves, fwd[lo:lo + step], bwd[lo:lo + step], float(p2p))
     return out
+
+
+def _times(values: Any, name: str, strict: bool = True) -> np.ndarray:
+    """A float array of finite times >= 0 (``strict``), else of times that are not NaN
+    (ValueError naming ``name``)."""
+    try:
+        arr = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{name} must be an array of times: {exc}") from None
+    if strict and arr.size and not (np.isfinite(arr).all() and (arr >= 0).all()):
+        bad = arr[~(np.isfinite(arr) & (arr >= 0))][0]
+        raise ValueError(f"{name} must hold finite times >= 0, got {float(bad)!r}")
+    if not strict and np.isnan(arr).any():
+        raise ValueError(f"{name} must hold times, got NaN")
+    return arr
+
+
+def _check_p2p(p2p: Any) -> None:
+    if isinstance(p2p, bool) or not isinstance(p2p, (int, float, np.integer, np.floating)) \
+            or not 0 <= p2p < float("inf"):
+        raise ValueError(f"p2p must be a finite time >= 0, got {p2p!r}")
 
 
 def _run_waves(seq: Any, waves: Any, fwd: np.ndarray, bwd: np.ndarray, p2p: float) -> np.ndarray:
@@ -179,7 +218,9 @@ def in_flight_table(stages: int, chunks: int, micro_batches: int, schedule: str 
     memory must hold, read from the order alone (forwards done, backwards not yet)."""
     name = schedule or ("1f1b" if chunks == 1 else "interleaved")
     check_schedule(name, stages, chunks, micro_batches, group)
-    return [list(row) for row in _in_flight(name, stages, chunks, micro_batches, group)]
+    if chunks == 1:  # 1F1B: stage s warms up with min(P - s - 1, M) forwards, then one more before a backward
+        return [[min(int(stages) - s, int(micro_batches))] for s in range(int(stages))]
+    return [list(row) for row in _in_flight(name, int(stages), int(chunks), int(micro_batches), group)]
 
 
 @lru_cache(maxsize=256)

@@ -12,10 +12,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ._orders import MAX_OPS
 from ._simulate import Timeline, iteration_times, simulate
 
-#: Most operations the command line simulates and prints (2 x stages x chunks x micro-batches).
-MAX_TIMELINE_OPS = 1_000_000
+#: Most operations the command line simulates and prints (2 x stages x chunks x micro-batches): half
+#: the schedule's own limit (:data:`MAX_OPS`), as every operation is also kept, summed and written.
+MAX_TIMELINE_OPS = MAX_OPS // 2
 
 
 @dataclass(frozen=True)
@@ -66,7 +68,8 @@ def timeline_of(model: Any, counts: Sequence[int], names: Sequence[str], chunks:
     """Simulate Megatron's schedule (interleaved when ``chunks > 1``) for a solved split."""
     ops = 2 * len(counts) * model.micro_batches
     if ops > MAX_TIMELINE_OPS:
-        raise ValueError(f"the timeline would have {ops:,} operations, over {MAX_TIMELINE_OPS:,}; "
+        raise ValueError(f"micro_batches: the timeline would have {ops:,} operations (2 x {len(counts):,} stages "
+                         f"and chunks x {model.micro_batches:,} micro-batches), over {MAX_TIMELINE_OPS:,}; "
                          "use fewer micro-batches or stages")
     times = chunk_times(model, counts, names, chunks)
     schedule = "interleaved" if chunks > 1 else "1f1b"
@@ -107,9 +110,13 @@ def simulated_times(model: Any, found: Sequence[tuple], in_flight: Any = None, c
 
 def record(t: Timeline, times: ChunkTimes, counts: Sequence[int]) -> dict:
     """The timeline's numbers for the JSON output (docs/json.md)."""
+    busy = t.busy
+    end = t.iteration_time
+    total = end * t.stages
+    idle = [end - b for b in busy]
     return {"counts": [int(c) for c in counts], "stages": t.stages, "chunks": t.chunks,
-            "micro_batches": t.micro_batches, "iteration_time": t.iteration_time, "bubble": t.bubble,
-            "busy": t.busy, "idle": t.idle, "peak_in_flight": t.peak_in_flight,
+            "micro_batches": t.micro_batches, "iteration_time": end, "bubble": sum(idle) / total if total > 0 else 0.0,
+            "busy": busy, "idle": idle, "peak_in_flight": t.peak_in_flight,
             "forward": times.forward, "backward": times.backward, "recompute": times.recompute,
             "ops": [{"stage": o.stage, "chunk": o.chunk, "micro_batch": o.micro_batch, "kind": o.kind,
                      "start": o.start, "end": o.end} for o in t.ops]}
@@ -121,8 +128,9 @@ def summary(t: Timeline, title: str, closed_form: float | None = None) -> str:
              f"({t.stages} stages" + (f" x {t.chunks} chunks" if t.chunks > 1 else "")
              + f", {t.micro_batches} micro-batches)",
              f"{'stage':>5} {'busy':>12} {'idle':>12}  peak in flight per chunk"]
+    peak = t.peak_in_flight  # each property walks every operation: once each
     for s, (busy, idle) in enumerate(zip(t.busy, t.idle)):
-        lines.append(f"{s:>5} {busy:>12.6g} {idle:>12.6g}  {t.peak_in_flight[s]}")
+        lines.append(f"{s:>5} {busy:>12.6g} {idle:>12.6g}  {peak[s]}")
     if closed_form is not None:
         lines.append(f"closed-form 1F1B score (M - 1) * slowest + sum: {closed_form:.6g} "
                      f"({100 * (closed_form / t.iteration_time - 1):+.2f}% against the simulation)")

@@ -23,6 +23,7 @@ rule of :mod:`._ties` (no idle stage, the least total, the most even, the counts
 """
 from __future__ import annotations
 
+import difflib
 import math
 from typing import Any
 
@@ -115,8 +116,9 @@ def best_splits(model: PipelineModel, stages: int, top: int = 1, score: str = "s
     if max_bytes is not None:
         check_max_bytes(max_bytes)
     interleave = check_int(interleave, "interleave", 1)
+    exclusive = check_exclusive(model, exclusive)
     if framework is not None:
-        if bound or tuple(exclusive):
+        if bound or exclusive:
             raise ValueError("framework= does not combine with bound=True or exclusive (the framework's own "
                              "rule says which options a stage may mix)")
         return constrained_splits(model, int(stages), framework, int(top), score, bucket, backend, in_flight,
@@ -129,10 +131,35 @@ def best_splits(model: PipelineModel, stages: int, top: int = 1, score: str = "s
                         bound)
 
 
+def check_exclusive(model: PipelineModel, exclusive: Any) -> tuple:
+    """``exclusive`` as a tuple of name pairs (any iterable is read once), every name one of the
+    model's options: ValueError naming an unknown name and the nearest known one."""
+    if exclusive is None:
+        return ()
+    if isinstance(exclusive, (str, bytes, dict)) or not hasattr(exclusive, "__iter__"):
+        raise ValueError(f"exclusive must be pairs of option names, got {exclusive!r}"[:300])
+    known = sorted({str(getattr(o, "name", o)) for options in model.fronts.values() for o in options})
+    pairs = []
+    for pair in exclusive:
+        if isinstance(pair, (str, bytes)) or not hasattr(pair, "__iter__"):
+            raise ValueError(f"exclusive must be pairs of option names, got the entry {pair!r}"[:300])
+        pair = tuple(pair)
+        if len(pair) != 2 or not all(isinstance(n, str) for n in pair):
+            raise ValueError(f"exclusive must be pairs of option names, got the entry {pair!r}"[:300])
+        for name in pair:
+            if name not in known:
+                near = difflib.get_close_matches(name, known, 1)
+                raise ValueError(f"exclusive: unknown option name {name!r}"
+                                 + (f" (did you mean {near[0]!r}?)" if near else "")
+                                 + f"; the model's options are {', '.join(known)}"[:400])
+        pairs.append(pair)
+    return tuple(pairs)
+
+
 def _interleaved(model: PipelineModel, stages: int, top: int, score: str, bucket: float, backend: Any,
                  in_flight: Any, max_bytes: int | None, bound: bool, exclusive: Any, chunks: int) -> Found:
     """``best_splits`` for interleaved pipelines, with each split's plan."""
-    if bound or not (exclusive is None or exclusive == ()):
+    if bound or exclusive:
         what = "bound=True" if bound else "exclusive options"
         raise ValueError(f"interleave={chunks}: {what} is for plain pipelines only (interleave=1)")
     if stages * chunks > model.layers:

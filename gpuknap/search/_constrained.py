@@ -92,7 +92,7 @@ def plain_constrained(model: PipelineModel, rule: Rule, stages: int, top: int, s
                 fwd, bwd = fwd + o.forward_time, bwd + o.backward_time
             return fwd, bwd
 
-        for counts, value in _score(score, model, stage_times).top(SegmentTable(band), top):
+        for counts, value in _score(score, model, stage_times, stages).top(SegmentTable(band), top):
             bounds = np.concatenate(([0], np.cumsum(counts))).tolist()
             pats = [which if isinstance(which, Pattern) else
                     rule.patterns[which[s, bounds[s], counts[s] - 1]] for s in range(stages)]

@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from ..schedule import iteration_times
+from ..schedule import bound_iteration_times
 from ._critical import stage_terms
 from ._segments import SegmentTable
 
@@ -152,7 +152,7 @@ class Bounds:
         """``(low, high)`` simulated times of complete splits, each stage's forward time taken
         least and most (equal where the options of a kind share their forward time)."""
         t, fl, fh = self.times(splits)
-        high = iteration_times(fh[:, :, None], (t - fl)[:, :, None], self.m)
+        high = bound_iteration_times(fh[:, :, None], (t - fl)[:, :, None], self.m)
         if np.array_equal(fl, fh):
             return high, high
-        return iteration_times(fl[:, :, None], (t - fh)[:, :, None], self.m), high
+        return bound_iteration_times(fl[:, :, None], (t - fh)[:, :, None], self.m), high

@@ -333,12 +333,12 @@ def forward_prefix(model: Any) -> tuple[np.ndarray, np.ndarray]:
     return out[0], out[1]
 
 
-def _score(name: str, model: Any, stage_times: Any) -> Any:
+def _score(name: str, model: Any, stage_times: Any, stages: int = 1) -> Any:
     if name == "slowest":
         return Slowest()
     if name == "1f1b":
         return ClosedForm(model.micro_batches, 0.0)
-    return Simulated(model.micro_batches, stage_times, *forward_prefix(model))
+    return Simulated(model.micro_batches, stage_times, *forward_prefix(model), stages=stages)
 
 
 def in_order(model: Any, counts: Any, names: list, levels: dict) -> list:

@@ -10,6 +10,7 @@ from typing import Any, Mapping
 from ..costs import device as costs_device
 from ..engine import check_int
 from ..formats import suggest
+from ..schedule import MAX_OPS
 
 #: Grid keys: the sizes a sweep varies (and the device); each missing key keeps its default.
 GRID_KEYS = ("stages", "tensor_parallel", "context_parallel", "expert_parallel", "expert_tensor_parallel",
@@ -130,6 +131,9 @@ def expand(grid: Any, gpus: Any, global_batch: Any, layers: int | None = None,
                     reason = f"the interleaved schedule needs micro_batches ({m}) to be a multiple of stages ({p})"
                 elif layers is not None and p * v > layers:
                     reason = f"{p} stages x {v} chunks is more than the model's {layers} layers"
+                elif 2 * p * v * m > MAX_OPS:  # every row's schedule is simulated
+                    reason = (f"{m:,} micro-batches on {p} stages x {v} chunks make {2 * p * v * m:,} schedule "
+                              f"operations, over the {MAX_OPS:,} gpuknap simulates")
         config = {k: config.get(k) for k in CONFIG_KEYS}
         (skipped if reason else valid).append({"config": config, "reason": reason} if reason else config)
     return valid, skipped

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import contextlib
 import math
+import socket
 from typing import Any, Mapping
 
 from ..engine import MAX_TOP, MEGABYTE, check_int, check_max_bytes, get_backend
-from ._cluster import Cluster
+from ..search import PipelineModel
+from ._cluster import Cluster, _distributed
 from ._explain import order_rows
 from ._grid import MAX_CONFIGS, MAX_CONFIGS_TOP, Sweep, expand
 from ._prune import best_rows
@@ -37,8 +39,55 @@ def _source(source: Any, capacity: Any, reserved: Any, seq: Any, bucket: Any, de
         if given:
             raise ValueError(f"{given[0]}: a callable source builds its models itself; give it the {given[0]} "
                              "there")
-        return source, getattr(source, "__name__", "model"), MEGABYTE if bucket is None else bucket, seq
+        checked = CheckedSource(source)
+        return checked, checked.name, MEGABYTE if bucket is None else bucket, seq
     return builder_of(source, capacity, reserved, seq, bucket, device)
+
+
+class CheckedSource:
+    """A callable source whose every model is checked: an error other than ValueError, a result
+    that is not a :class:`PipelineModel`, or a model whose micro-batches are not the configuration's
+    becomes a ValueError naming the source (the configuration is then skipped with that reason)."""
+
+    def __init__(self, source: Any):
+        self.source = source
+        self.name = getattr(source, "__name__", type(source).__name__)
+        if hasattr(source, "shares_layer_times"):
+            self.shares_layer_times = source.shares_layer_times
+
+    def __call__(self, config: dict) -> PipelineModel:
+        where = f"source {self.name!r}"
+        try:
+            model = self.source(config)
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
+        except Exception as exc:  # a bug in the caller's source: said by name, never a traceback
+            raise ValueError(f"{where} raised {type(exc).__name__}: {exc}"[:500]) from None
+        if not isinstance(model, PipelineModel):
+            raise ValueError(f"{where} returned {type(model).__name__}, not a PipelineModel")
+        if model.micro_batches != config["micro_batches"]:
+            raise ValueError(f"{where}: its model has micro_batches={model.micro_batches}, the configuration "
+                             f"micro_batches={config['micro_batches']} (global_batch / (data_parallel x "
+                             "micro_batch_size)); build the model with config['micro_batches']")
+        return model
+
+
+def reachable(address: Any, seconds: float = 5.0) -> None:
+    """Refuse at once a scheduler address nothing listens at (Dask itself would retry for its whole
+    timeout): a TCP connection is tried first.  Other address forms are left to Dask."""
+    if not isinstance(address, str) or any(c.isspace() for c in address):
+        return  # a Client, or an address the cluster refuses by name
+    scheme, sep, rest = address.partition("://")
+    if not sep:
+        scheme, rest = "tcp", address
+    host, colon, port = rest.rstrip("/").rpartition(":")
+    if scheme not in ("tcp", "tls", "ws", "wss") or not colon or not port.isdigit() or not 0 < int(port) < 65536:
+        return
+    try:
+        socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout=seconds).close()
+    except OSError as exc:
+        raise ValueError(f"scheduler (--scheduler) {address}: cannot connect to a Dask scheduler there "
+                         f"({exc.strerror or exc.__class__.__name__})"[:300]) from None
 
 
 def _grid_with(grid: Any, scalars: dict) -> Any:
@@ -107,6 +156,9 @@ def sweep(source: Any, grid: Mapping, *, gpus: int, global_batch: int, score: st
                          + "; ".join(sorted({s["reason"] for s in skipped}))[:400])
     kwargs = dict(global_batch=int(global_batch), score=score, top=top_splits, bucket=bucket, backend=backend,
                   max_bytes=max_bytes, time_unit=float(time_unit), tokens=tokens)
+    if scheduler is not None:
+        _distributed()  # says how to install it, before any connection is tried
+        reachable(scheduler)
     with (Cluster(scheduler) if scheduler is not None else contextlib.nullcontext()) as cluster:
 
         def run(chunk: list) -> tuple[list, list]:

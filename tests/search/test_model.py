@@ -317,6 +317,10 @@ def test_exclusive_options_never_share_a_stage_and_the_search_stays_exact(seed):
     model = PipelineModel([rng.choice("ab") for _ in range(rng.randint(3, 9))], fr,
                           {"a": rng.randint(0, 4), "b": rng.randint(0, 4)}, rng.randint(30, 80), rng.randint(1, 4))
     p = rng.randint(1, min(3, model.layers))
+    if not {"SLCT", "COMM"} <= {o.name for v in model.fronts.values() for o in v}:  # a name it lacks: refused
+        with pytest.raises(ValueError, match="exclusive: unknown option name"):
+            best_splits(model, p, 3, "slowest", 1, backend="numpy", exclusive=[("SLCT", "COMM")])
+        return
     without = [{k: [o for o in v if o.name != drop] for k, v in fr.items()} for drop in ("SLCT", "COMM")]
     for score in ("slowest", "1f1b"):
         found = []
