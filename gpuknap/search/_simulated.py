@@ -91,18 +91,24 @@ def _improve(B: Bounds, split: np.ndarray, value: float, rounds: int = 200) -> t
                     moves.append(row)
         if not moves:
             break
-        rows = np.array(moves)
-        rows = rows[(rows <= B.T.width).all(axis=1)]
-        if len(rows):
-            rows = rows[np.isfinite(B.times(rows)[0]).all(axis=1)]
-        if not len(rows):
+        step = _better(B, np.array(moves), value)
+        if step is None:
             break
-        _, high = B.simulate(rows)
-        best = int(np.argmin(high))
-        if not high[best] < value:
-            break
-        split, value = rows[best], float(high[best])
+        split, value = step
     return split, value
+
+
+def _better(B: Bounds, rows: np.ndarray, value: float) -> tuple[np.ndarray, float] | None:
+    """The split of ``rows`` (stages of at least one layer, within the table, every stage
+    finite) that simulates fastest, with its time, if that is below ``value``; else None."""
+    rows = rows[(rows >= 1).all(axis=1) & (rows <= B.T.width).all(axis=1)]
+    if len(rows):
+        rows = rows[np.isfinite(B.times(rows)[0]).all(axis=1)]
+    if not len(rows):
+        return None
+    _, high = B.simulate(rows)
+    best = int(np.argmin(high))
+    return (rows[best], float(high[best])) if high[best] < value else None
 
 
 def first_bound(B: Bounds, top: int, earlier: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -212,15 +218,10 @@ def _transfers(B: Bounds, found: _Found, rounds: int = 50) -> np.ndarray:
         rows = np.repeat(split[None, :], len(give), axis=0)
         rows[np.arange(len(give)), give] -= 1
         rows[np.arange(len(give)), take] += 1
-        rows = rows[(rows >= 1).all(axis=1) & (rows <= B.T.width).all(axis=1)]
-        rows = rows[np.isfinite(B.times(rows)[0]).all(axis=1)] if len(rows) else rows
-        if not len(rows):
+        step = _better(B, rows, value)
+        if step is None:
             break
-        _, moved = B.simulate(rows)
-        best = int(np.argmin(moved))
-        if not moved[best] < value:
-            break
-        split, value = rows[best], float(moved[best])
+        split, value = step
         reached.append(split)
     return np.array(reached, dtype=np.int64).reshape(-1, p)
 
