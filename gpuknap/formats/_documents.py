@@ -91,22 +91,24 @@ def _yaml_loader(yaml: Any) -> Any:
     """PyYAML's safe loader, refusing a key given twice in one mapping."""
     class Loader(yaml.SafeLoader):
         def construct_mapping(self, node: Any, deep: bool = False) -> Any:
-            seen = set()
+            seen: dict = {}
             for key_node, _ in node.value:
                 key = self.construct_object(key_node, deep=True)
+                line = key_node.start_mark.line + 1
                 try:
-                    duplicate = key in seen
-                    seen.add(key)
+                    first = seen.get(key)
                 except TypeError:
                     continue  # an unhashable key: PyYAML refuses it itself
-                if duplicate:
-                    raise DuplicateKey(f"the key {key!r} is given twice (line {key_node.start_mark.line + 1}); "
-                                       "keep one")
+                if first is not None:
+                    raise DuplicateKey(f"the key {key!r} is given twice (lines {first} and {line}); a YAML reader "
+                                       "keeps the last silently: keep one")
+                seen[key] = line
             return super().construct_mapping(node, deep)
     return Loader
 
 
-def _yaml_load(text: str, path: str) -> Any:
+def yaml_load(text: str, path: str) -> Any:
+    """A YAML document (PyYAML's safe loader), a key given twice in one mapping refused."""
     try:
         import yaml
     except ImportError:
@@ -124,10 +126,8 @@ def _yaml_load(text: str, path: str) -> Any:
         raise ValueError(f"{path}: the document is nested too deeply") from None
 
 
-def _json_load(text: str, path: str) -> Any:
-    def no_constants(name: str) -> Any:
-        raise ValueError(f"{path}: not valid JSON ({name} is not a JSON number)")
-
+def unique_pairs(path: str) -> Any:
+    """A ``json.loads`` ``object_pairs_hook`` refusing a key given twice in one object."""
     def no_duplicates(pairs: list) -> dict:
         out: dict = {}
         for key, value in pairs:
@@ -135,9 +135,15 @@ def _json_load(text: str, path: str) -> Any:
                 raise ValueError(f"{path}: the key {key!r} is given twice in one object; keep one")
             out[key] = value
         return out
+    return no_duplicates
+
+
+def _json_load(text: str, path: str) -> Any:
+    def no_constants(name: str) -> Any:
+        raise ValueError(f"{path}: not valid JSON ({name} is not a JSON number)")
 
     try:
-        return json.loads(text, parse_constant=no_constants, object_pairs_hook=no_duplicates)
+        return json.loads(text, parse_constant=no_constants, object_pairs_hook=unique_pairs(path))
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
     except RecursionError:
@@ -147,6 +153,6 @@ def _json_load(text: str, path: str) -> Any:
 def read_document(path: str) -> Any:
     """A JSON or YAML document (``.yaml``/``.yml`` is YAML, anything else JSON), checked for shape."""
     text = read_text(path)
-    data = _yaml_load(text, path) if path.endswith((".yaml", ".yml")) else _json_load(text, path)
+    data = yaml_load(text, path) if path.endswith((".yaml", ".yml")) else _json_load(text, path)
     check_shape(data, path)
     return data

@@ -20,7 +20,7 @@ import os
 import re
 from typing import Any, Iterable
 
-from ._documents import check_shape, read_text
+from ._documents import check_shape, read_text, unique_pairs, yaml_load
 
 #: Largest settings file read (bytes): a launch script or a configuration is far smaller.
 MAX_SETTINGS_BYTES = 256 * 1024
@@ -77,60 +77,17 @@ def check_misspelt(mapping: dict, read: Iterable[str], known: Iterable[str], whe
                              f"{near!r} here and would otherwise ignore this one")
 
 
-def _unique_loader() -> Any:
-    import yaml
-
-    class Unique(yaml.SafeLoader):
-        """PyYAML's safe loader refusing a key given twice in one mapping."""
-
-    def mapping(loader: Any, node: Any, deep: bool = False) -> Any:
-        seen: dict = {}
-        for key_node, _ in node.value:
-            key = loader.construct_object(key_node, deep=deep)
-            try:
-                first = seen.setdefault(key, key_node.start_mark.line)
-            except TypeError:  # an unhashable key: the safe loader refuses it itself
-                continue
-            if first != key_node.start_mark.line:
-                raise ValueError(f"line {key_node.start_mark.line + 1}: the key {key!r} is given twice (also at "
-                                 f"line {first + 1}); a YAML reader keeps the last silently: keep one")
-        return yaml.SafeLoader.construct_mapping(loader, node, deep)
-
-    Unique.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
-    return Unique
-
-
 def parse_document(text: str, path: str) -> Any:
     """A JSON or YAML document, a key given twice in one mapping refused (ValueError naming the file)."""
     if text.lstrip().startswith("{"):
-        def pairs(items: list) -> dict:
-            out: dict = {}
-            for key, value in items:
-                if key in out:
-                    raise ValueError(f"{path}: the key {key!r} is given twice in one object; keep one")
-                out[key] = value
-            return out
         try:
-            data = json.loads(text, object_pairs_hook=pairs)
+            data = json.loads(text, object_pairs_hook=unique_pairs(path))
         except json.JSONDecodeError:
             data = None
         if data is not None:
             check_shape(data, path)
             return data
-    try:
-        import yaml
-    except ImportError:
-        raise ValueError(f"{path}: reading YAML needs PyYAML (pip install 'gpuknap[yaml]')") from None
-    try:
-        data = yaml.load(text, Loader=_unique_loader())  # noqa: S506 - a SafeLoader subclass
-    except ValueError as exc:
-        raise ValueError(f"{path}: {exc}") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ValueError(f"{path}: not valid YAML{at} ({getattr(exc, 'problem', None) or 'syntax error'})") from None
-    except RecursionError:
-        raise ValueError(f"{path}: the document is nested too deeply") from None
+    data = yaml_load(text, path)
     check_shape(data, path)
     return data
 
