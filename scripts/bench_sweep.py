@@ -13,7 +13,8 @@ Usage: python scripts/bench_sweep.py [--backends numpy[,cupy]] [--dask-workers N
 Both sides produce the same rows (best split, score, simulated iteration time per
 configuration); the script checks that they are identical and prints the times.
 The loop is what a driver would write without the sweep: per configuration,
-best_splits, then the split's simulated schedule time.
+best_splits, then the split's run estimate (gpuknap.costs.estimate: the simulated
+schedule with its sends, plus the data-parallel tail and the optimizer step).
 
 The last two columns are one more run of each side: the seconds spent in the DP
 passes (results back on the host) and their share of that run.
@@ -42,6 +43,7 @@ sys.path.insert(0, HERE)
 from bench_model import timed  # noqa: E402
 
 from gpuknap import MEGABYTE, best_splits, sweep  # noqa: E402
+from gpuknap.costs import estimate  # noqa: E402
 from gpuknap.schedule import simulated_times  # noqa: E402
 from gpuknap.sweep import (
     builder_of,  # noqa: E402
@@ -75,7 +77,11 @@ def loop(bucket: float, backend: str) -> dict:
             found = best_splits(model, c["stages"], 1, "1f1b", bucket, backend=backend, interleave=c["interleave"])
         except ValueError:
             continue
-        sims = simulated_times(model, found, None, c["interleave"])
+        if model.costs is not None:  # the run as the sweep reports it: sends, data-parallel tail, optimizer
+            sims = [estimate(model, f[0], model.option_names(f[0], f[2], None, c["interleave"]),
+                             c["interleave"]).iteration_time / model.costs.time_unit for f in found]
+        else:
+            sims = simulated_times(model, found, None, c["interleave"])
         out[tuple(sorted(c.items()))] = [(list(f[0]), f[1], t) for f, t in zip(found, sims)]
     return out
 
