@@ -15,6 +15,8 @@ sys.path.insert(0, ROOT)
 
 import numpy as np  # noqa: E402
 
+from bench_model import timed  # noqa: E402
+
 from gpuknap import best_splits, sweep  # noqa: E402
 from gpuknap.cli._gantt import communication_shares  # noqa: E402
 from gpuknap.cli._plots import plot_best, plot_curve, plot_scores, plot_sweep, plot_timeline  # noqa: E402
@@ -37,15 +39,6 @@ def best_inputs(path: str, **kw) -> tuple:
     return [record], solved, comm, model
 
 
-def timed(draw, repeat: int) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        start = time.perf_counter()
-        draw()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=3)
@@ -55,26 +48,26 @@ def main() -> None:
     rows = []
     records, solved, comm, _ = best_inputs("demo.json")
     rows.append(("best --plot (demo, 16 stages, 32 micro-batches)",
-                 timed(lambda: plot_best(records, solved, png, "demo", comm), args.repeat)))
+                 timed(lambda: plot_best(records, solved, png, "demo", comm), args.repeat)[0]))
     records, solved, comm, _ = best_inputs("llama2_70b.json")
     rows.append(("best --plot (Llama-2-70B spec, 8 stages, 64 micro-batches)",
-                 timed(lambda: plot_best(records, solved, png, "llama", comm), args.repeat)))
+                 timed(lambda: plot_best(records, solved, png, "llama", comm), args.repeat)[0]))
     records, solved, comm, _ = best_inputs("qwen2_7b_config.json", micro_batches=256, stages=4, seq=4096,
                                            data_parallel=8)
     rows.append(("best --plot (Qwen2-7B, 4 stages, 256 micro-batches)",
-                 timed(lambda: plot_best(records, solved, png, "qwen", comm), args.repeat)))
+                 timed(lambda: plot_best(records, solved, png, "qwen", comm), args.repeat)[0]))
     rows.append(("timeline --plot (the same, 256 micro-batches)",
-                 timed(lambda: plot_timeline(solved[0], solved[1], png, "qwen", True, comm), args.repeat)))
+                 timed(lambda: plot_timeline(solved[0], solved[1], png, "qwen", True, comm), args.repeat)[0]))
     result = sweep(os.path.join(EXAMPLES, "llama2_70b.json"), {"stages": [2, 4, 8], "tensor_parallel": [4, 8],
                                                               "micro_batch_size": [1, 2]},
                    gpus=64, global_batch=256, backend="numpy")
     rows.append(("sweep --plot (README grid)", timed(lambda: plot_sweep(result.rows, png, "sweep", result.skipped),
-                                                     args.repeat)))
+                                                     args.repeat)[0]))
     points = [{"budget_bytes": b * 2**30, "time": 100.0 - b} for b in range(40, 60)]
-    rows.append(("curve --plot", timed(lambda: plot_curve(points, png, "curve", 45 * 2**30), args.repeat)))
+    rows.append(("curve --plot", timed(lambda: plot_curve(points, png, "curve", 45 * 2**30), args.repeat)[0]))
     rng = np.random.default_rng(0)
     rows.append(("rank --plot (10,000 scores)",
-                 timed(lambda: plot_scores(rng.random(10_000) * 100, png, "scores", 1.0), args.repeat)))
+                 timed(lambda: plot_scores(rng.random(10_000) * 100, png, "scores", 1.0), args.repeat)[0]))
     print(f"# {platform.machine()}, {os.cpu_count()} cores, python {platform.python_version()}, "
           f"{time.strftime('%Y-%m-%d')}; best of {args.repeat}, drawing and writing the PNG only\n")
     print("| plot | seconds |\n|---|---:|")
