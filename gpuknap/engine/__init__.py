@@ -32,6 +32,7 @@ from ._problem import (
                        StageProblem,
                        Verdict,
                        canonical,
+                       kept_bytes,
                        verdict,
 )
 from ._rank import Ranking, compact_codes, rank
@@ -54,7 +55,7 @@ __all__ = [
     "BACKENDS", "Backend", "BackendUnavailable", "cupy_available", "get_backend", "numba_available",
     "MAX_BYTES", "MAX_TIME", "MEGABYTE", "Front", "FrontTable", "LayerOption", "Layers", "buckets_down",
     "buckets_up", "check_bucket", "check_int", "check_number",
-    "FASTEST", "INFEASIBLE", "KNAPSACK", "StageProblem", "Verdict", "canonical", "verdict",
+    "FASTEST", "INFEASIBLE", "KNAPSACK", "StageProblem", "Verdict", "canonical", "kept_bytes", "verdict",
     "Ranking", "compact_codes", "rank", "Assignment", "PipelineChoice", "Stage", "StageChoice",
     "Solved", "check_max_bytes", "solve_knapsacks", "solve_problems",
     "Planner", "check_stages", "choose", "least_times", "pp_lite", "suffix_times",

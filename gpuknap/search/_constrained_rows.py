@@ -31,7 +31,8 @@ from ..schedule import iteration_times
 from ._classify import kind_counts
 from ._patterns import (GROUPED, Layout, Pattern, Rule, _score, decoder_kinds, framework_rule, in_order, run_names,
                         with_grouped)
-from ._interleaved import _tuples, counts_of, one_body_kind
+from ._interleaved import counts_of, one_body_kind
+from ._tupleplan import tuples
 from ._local import even_split, local_search
 from ._rounds import Found
 from ._segments import SegmentTable
@@ -72,7 +73,7 @@ def _exact(model: Any, rule: Rule, lay: Layout, p: int, v: int, table: list, top
     """Megatron on a HEAD, N x BODY, TAIL model: per pattern, each stage's best chunk tuple per total."""
     n, last = model.layers, p * v - 1
     width = n - v * (p - 1)
-    every = _tuples(v, width)
+    every = tuples(v, width)
     totals = every.sum(axis=1)
     spread = every.max(axis=1) - every.min(axis=1)
     budgets = [np.array([_budget(model, s, p, v, row, table) for row in every.tolist()]) for s in range(p)]

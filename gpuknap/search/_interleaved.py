@@ -33,16 +33,14 @@ three best splits too, with a lower bound of ``M`` times the least slowest stage
 """
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any
 
 import numpy as np
 
-from ..engine import StageProblem, verdict
 from ..schedule import chunk_times, iteration_times
-from ._classify import kind_counts
 from ._segments import SegmentTable
+from ._tupleplan import TupleMemo, tuples
 
 #: Most per-stage chunk tuples one table may hold.
 MAX_TUPLES = 2_000_000
@@ -55,59 +53,75 @@ def one_body_kind(model: Any) -> bool:
 
 class TuplePlan:
     """The stage problems of an exact interleaved table before any is solved (like
-    :class:`._segments.SegmentPlan`): ``problems`` with their ``verdicts``, and
-    :meth:`fill` for the table and the best tuple of each ``(stage, total)``."""
+    :class:`._segments.SegmentPlan`): one *key* per (stage, tuple) that fits the round's
+    limit, as arrays (``stage``, ``row`` into ``every``, ``total``), each answered
+    already (``time``: all-fastest or ``inf``) or by one of ``problems`` (the distinct
+    knapsacks, with their ``verdicts``); :meth:`fill` gives the table and the best
+    tuple of each ``(stage, total)``."""
 
-    def __init__(self, p: int, n: int, width: int, keys: list, ids: list, problems: list, verdicts: list,
-                 pruned: bool):
-        self.p, self.n, self.width, self.keys, self.ids = p, n, width, keys, ids
-        self.problems, self.verdicts, self.pruned = problems, verdicts, pruned
+    def __init__(self, p: int, n: int, width: int, every: np.ndarray, stage: np.ndarray, row: np.ndarray,
+                 time: np.ndarray, made: np.ndarray, memo: "TupleMemo", pruned: bool):
+        self.p, self.n, self.width, self.every, self.pruned = p, n, width, every, pruned
+        self.stage, self.row, self.time = stage, row, time
+        self.total = every.sum(axis=1)[row]
+        self._asked = np.flatnonzero(made >= 0)
+        ids, self._at = np.unique(made[self._asked], return_inverse=True)
+        self.problems = [memo.problems[i] for i in ids.tolist()]
+        self.verdicts = [memo.verdicts[i] for i in ids.tolist()]
+
+    @property
+    def keys(self) -> list[tuple]:
+        """``(stage, total, counts)`` of every key, stage by stage, tuples in lexicographic order."""
+        return [(s, t, tuple(c)) for s, t, c in zip(self.stage.tolist(), self.total.tolist(),
+                                                     self.every[self.row].tolist())]
+
+    def key_times(self, values: Any) -> np.ndarray:
+        """Every key's least time, given the times of ``problems``."""
+        out = self.time.copy()
+        if len(self._asked):
+            out[self._asked] = np.asarray(values, dtype=np.float64)[self._at]
+        return out
 
     def fill(self, values: np.ndarray) -> tuple[SegmentTable, dict]:
         best = np.full((self.p, self.width), np.inf)
         choice: dict = {}
-        rank_of: dict = {}
-        times = np.asarray(values)[self.ids].tolist() if self.keys else []
-        for (s, total, counts), t in zip(self.keys, times):
-            key = (t, max(counts) - min(counts), counts)  # fastest, then the most even, then lexicographic
-            if math.isfinite(t) and key < rank_of.get((s, total), (math.inf,)):
-                rank_of[(s, total)] = key
-                best[s, total - 1] = t
-                choice[(s, total)] = counts
+        times = self.key_times(values)
+        ok = np.flatnonzero(np.isfinite(times))
+        if len(ok):
+            counts = self.every[self.row[ok]]
+            spread = counts.max(axis=1) - counts.min(axis=1)
+            # per (stage, total): the fastest, then the most even, then the lexicographically first
+            order = ok[np.lexsort((self.row[ok], spread, times[ok], self.total[ok], self.stage[ok]))]
+            s, total = self.stage[order], self.total[order]
+            first = np.ones(len(order), dtype=bool)
+            first[1:] = (s[1:] != s[:-1]) | (total[1:] != total[:-1])
+            win = order[first]
+            best[self.stage[win], self.total[win] - 1] = times[win]
+            for st, tot, c in zip(self.stage[win].tolist(), self.total[win].tolist(),
+                                  self.every[self.row[win]].tolist()):
+                choice[(st, tot)] = tuple(c)
         band = np.broadcast_to(best[:, None, :], (self.p, self.n + 1, self.width)).copy()
         return SegmentTable(band, self.pruned), choice
-
-
-class TupleMemo:
-    """What the rounds of one interleaved search share: each chunk's kind groups by
-    (position, count), each stage tuple's problem, each problem's verdict."""
-
-    def __init__(self) -> None:
-        self.pieces: dict = {}
-        self.problems: dict = {}  # (s, counts) -> problem
-        self.verdicts: dict = {}  # problem -> verdict
 
 
 def plan_tuples(model: Any, p: int, chunks: int, table: list, fronts: Any, limit: float, fastest: np.ndarray,
                 most: int, memo: TupleMemo | None = None) -> TuplePlan:
     """Every stage's chunk tuples (each chunk at least one layer, at most ``most`` layers
-    in all) whose layers' fastest options fit ``limit``, as distinct stage problems.
-    ``memo``: problems and verdicts of earlier calls of the same search (its rounds)."""
+    in all) whose layers' fastest options fit ``limit``, with their stage problems
+    (:mod:`._tupleplan`).  ``memo``: problems of earlier calls of the same search (its rounds)."""
     n, last = model.layers, chunks * p - 1
+    if not one_body_kind(model):
+        raise ValueError("exact interleaved tables need one kind between the first and the last layer")
     top = max(min(most, n - chunks * (p - 1)), chunks)
     pruned = False
     memo = TupleMemo() if memo is None else memo
-    pieces, made, judged = memo.pieces, memo.problems, memo.verdicts
-    keys, ids = [], []
-    index: dict = {}
-    problems = []
     if math.comb(top, chunks) > MAX_TUPLES:  # the tuples of counts >= 1 summing to at most top
         raise ValueError(f"an interleaved search of {p} stages x {chunks} chunks over {n} layers would weigh "
                          f"{math.comb(top, chunks):,} chunk arrangements per stage (over {MAX_TUPLES:,}); "
                          "use fewer chunks or more stages")
-    every = _tuples(chunks, top)  # [K, chunks], lexicographic
-    totals = every.sum(axis=1)
+    every = tuples(chunks, top)  # [K, chunks], lexicographic
     slack = limit + 1e-9 * (abs(limit) + fastest[-1])
+    stages, rows, times, made, kept = [], [], [], [], 0
     for s in range(p):
         low = np.zeros(len(every))
         for c in range(chunks):  # the layers' fastest times, added chunk by chunk as floats
@@ -117,73 +131,23 @@ def plan_tuples(model: Any, p: int, chunks: int, table: list, fronts: Any, limit
             low += fastest[a + count] - fastest[a]
         fits = low <= slack
         pruned = pruned or not bool(fits.all())
-        for row, total in zip(every[fits].tolist(), totals[fits].tolist()):
-            counts = tuple(row)
-            problem = made.get((s, counts))
-            if problem is None:
-                problem = made[(s, counts)] = _problem(model, s, p, chunks, counts, table, pieces)
-            keys.append((s, total, counts))
-            ids.append(index.setdefault(problem, len(index)))
-            if len(index) > len(problems):
-                problems.append(problem)
-        if len(keys) > MAX_TUPLES:
+        mine = np.flatnonzero(fits)
+        kept += len(mine)
+        if kept > MAX_TUPLES:
             raise ValueError(f"an interleaved search of {p} stages x {chunks} chunks over {n} layers needs over "
                              f"{MAX_TUPLES:,} stage arrangements; use fewer chunks or more stages")
-    verdicts = []
-    for q in problems:
-        how = judged.get(q)
-        if how is None:
-            how = judged[q] = verdict(q, fronts)
-        verdicts.append(how)
-    return TuplePlan(p, n, max(top, 1), keys, ids, problems, verdicts, pruned)
-
-
-@functools.lru_cache(maxsize=64)
-def _tuples(chunks: int, top: int) -> np.ndarray:
-    """Every tuple of ``chunks`` counts of at least 1 summing to at most ``top``, in
-    lexicographic order (read-only: shared by every search)."""
-    out = np.zeros((1, 0), dtype=np.int64)
-    for c in range(chunks):  # extend every prefix by each count that leaves room for the chunks after it
-        used = out.sum(axis=1)
-        room = top - used - (chunks - c - 1)
-        reps = np.maximum(room, 0)
-        prefix = np.repeat(out, reps, axis=0)
-        start = np.repeat(np.cumsum(reps) - reps, reps)
-        nxt = np.arange(int(reps.sum())) - start + 1
-        out = np.concatenate([prefix, nxt[:, None]], axis=1)
-    out.setflags(write=False)
-    return out
+        time, ids = memo.answer(model, s, p, chunks, table, fronts, every[mine])
+        stages.append(np.full(len(mine), s, dtype=np.int64))
+        rows.append(mine)
+        times.append(time)
+        made.append(ids)
+    return TuplePlan(p, n, max(top, 1), every, np.concatenate(stages), np.concatenate(rows),
+                     np.concatenate(times), np.concatenate(made), memo, pruned)
 
 
 def body_time(model: Any, fastest: np.ndarray) -> float:
     """The fastest time of a middle layer (0 for models of two layers or fewer)."""
     return float(np.diff(fastest)[len(model.kinds) // 2]) if model.layers > 2 else 0.0
-
-
-def _problem(model: Any, s: int, p: int, chunks: int, counts: tuple, table: list, pieces: dict) -> Any:
-    """The canonical problem of stage s holding ``counts[c]`` layers in chunk c, equal to
-    the one ``model.stages`` builds: segment positions stand in for the real ones
-    (between the first and the last layer every layer is of one kind), runs of one
-    (kind, in-flight) are merged, static bytes added group by group as
-    ``model.budget_of`` adds them."""
-    n, last = model.layers, chunks * p - 1
-    static = 0.0
-    runs: list = []
-    for c, count in enumerate(counts):
-        i = c * p + s
-        where = 0 if i == 0 else 2 if i == last else 1
-        groups = pieces.get((where, count))
-        if groups is None:
-            a = (0, 1, n - count)[where]
-            groups = pieces[(where, count)] = kind_counts(model.kinds[a:a + count])
-        for kind, k in groups:
-            static += k * float(model.static[kind])
-            key = (kind, int(table[s][c]))
-            if runs and runs[-1][0] == key:
-                runs[-1][1] += k
-            else:
-                runs.append([key, k])
-    return StageProblem(tuple((key, k) for key, k in runs), float(model.capacity - model.reserved - static))
 
 
 def tuple_cap(most: int, body: float, limit: float) -> int:

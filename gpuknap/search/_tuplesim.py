@@ -86,8 +86,7 @@ class _Choices:
         m = model.micro_batches
         order = schedule_table(m, chunks, group)
         per: list[list] = [[] for _ in range(p)]
-        times = np.asarray(values)[plan.ids].tolist() if plan.keys else []
-        for (s, total, counts), t in zip(plan.keys, times):
+        for (s, total, counts), t in zip(plan.keys, plan.key_times(values).tolist()):
             if math.isfinite(t):
                 per[s].append((total, t, counts))
         self.stages = []

@@ -196,10 +196,34 @@ def test_tuple_plans_equal_the_loops_they_replace(seed):
         plan = plan_tuples(model, p, v, table, fronts, limit, fastest, most)
         keys, posed, pruned = plan_by_loops(model, p, v, table, limit, fastest, most)
         assert plan.pruned == pruned and plan.keys == keys
-        problems = {key: plan.problems[i] for key, i in zip(plan.keys, plan.ids)}
-        assert all(problems[key] == problem for key, problem in posed.items())
-        checked += len(posed)
+        checked += check_stage_rows(model, p, v, table, fronts, plan, posed)
     assert checked
+
+
+def check_stage_rows(model, p, v, table, fronts, plan, posed):
+    """Every key's problem as the arrays build it equals the one model.stages poses, and
+    its verdict (arrays, then the knapsack's last steps) equals the engine's, times bit for bit."""
+    from gpuknap.engine import FASTEST, KNAPSACK, verdict
+    from gpuknap.search._tupleplan import StageRows
+
+    checked = 0
+    for s in range(p):
+        counts = plan.every[plan.row[plan.stage == s]]
+        rows = StageRows(model, s, p, v, table, counts)
+        kind, time, capacity = rows.verdicts(fronts)
+        made, into = rows.problems(np.arange(len(counts)))
+        for j, (q, row) in enumerate(zip([made[i] for i in into.tolist()], counts.tolist())):
+            key = (s, sum(row), tuple(row))
+            if key in posed:
+                assert posed[key] == q, key
+                checked += 1
+            want = verdict(q, fronts)
+            assert kind[j] == want.kind, key
+            if want.kind == FASTEST:
+                assert time[j] == want.time, key
+            if want.kind == KNAPSACK:
+                assert capacity[j] == want.capacity, key
+    return checked
 
 
 def test_a_search_over_too_many_chunk_arrangements_is_refused_at_once():
