@@ -43,7 +43,6 @@ sys.path.insert(0, HERE)
 from bench_model import timed  # noqa: E402
 
 from gpuknap import MEGABYTE, best_splits, sweep  # noqa: E402
-from gpuknap.costs import estimate  # noqa: E402
 from gpuknap.schedule import simulated_times  # noqa: E402
 from gpuknap.sweep import (
     builder_of,  # noqa: E402
@@ -68,6 +67,8 @@ GPUS, BATCH = 256, 1024
 
 
 def loop(bucket: float, backend: str) -> dict:
+    from gpuknap.costs import estimate  # here, not above: bench_engine imports this script at older revisions
+
     builder, _, _, _ = builder_of(LLAMA, None, None, None, bucket)
     configs, _ = expand(GRID, GPUS, BATCH, builder.layers)
     out = {}
