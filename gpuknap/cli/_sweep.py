@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
@@ -142,8 +143,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                    max_bytes=args.max_memory, **device)
     feasible = result.best is not None
     if args.plot:
-        plot_sweep(result.rows, args.plot, f"{args.spec}: {args.gpus} GPUs, global batch {args.global_batch}",
-                   result.skipped, top)
+        title = f"{os.path.basename(args.spec)}: {args.gpus} GPUs, global batch {args.global_batch}"
+        plot_sweep(result.rows, args.plot, title, result.skipped, top)
     if args.json:
         payload = {"gpuknap_json": JSON_VERSION, "version": __version__, "command": "sweep", "source": args.spec,
                    "gpus": args.gpus, "global_batch": args.global_batch, "score": args.score, "top": top,

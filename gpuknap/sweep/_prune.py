@@ -20,7 +20,8 @@ options alone (memory ignored):
   first ``a`` layers that reads ``C(a_{s+1}) <= (T + (M - 1) C(a_s)) / M``: the
   more layers the stages before hold, the more the next may hold, so taking
   as many as fit stage by stage decides whether a ``T`` is reachable, and a
-  bisection finds the least one.
+  search that tries 63 times at once (as array code) finds the least one to a
+  relative 1e-9, returning a time it found unreachable.
 - Interleaved (``v`` chunks), :func:`interleaved_bound`: the same path through
   every virtual stage, and the path of each device (its every operation
   comes after micro-batch 0 reached its first chunk, and its last one is a
@@ -104,8 +105,9 @@ def busiest_device(times: np.ndarray, devices: int) -> float:
         loads = np.zeros(devices)
         loads[:len(groups)] = [math.fsum(g) for g in groups]
 
-        def holds(w: float) -> bool:  # bodies the devices take under w (a hair generous: a bound)
-            return int(np.floor((w - loads) / each + 1e-9).clip(min=0).sum()) >= many
+        def holds(w: np.ndarray, loads: np.ndarray = loads) -> np.ndarray:  # bodies the devices take under
+            # each w (a hair generous: a bound)
+            return np.floor((w[:, None] - loads[None, :]) / each + 1e-9).clip(min=0).sum(axis=1) >= many
 
         lo, hi = float(loads.max()), float(loads.max()) + many * each
         best = min(best, _least(holds, lo * (1 - 1e-12), hi, 60, 1e-12))
@@ -130,30 +132,45 @@ def whole_layer_bound(prefix: np.ndarray, stages: int, micro_batches: int, steps
     total, m = float(prefix[-1]), micro_batches
     layers = len(prefix) - 1
 
-    def reachable(t: float) -> bool:
-        a = 0
+    def reachable(t: np.ndarray) -> np.ndarray:  # for every time of t at once
+        a = np.zeros(len(t), dtype=np.int64)
+        done = np.zeros(len(t), dtype=bool)
         for _ in range(stages):
-            a = int(np.searchsorted(prefix, (t + (m - 1) * prefix[a]) / m, side="right")) - 1
-            if a >= layers:
-                return True
-        return False
+            a = np.searchsorted(prefix, (t + (m - 1) * prefix[a]) / m, side="right") - 1
+            done |= a >= layers
+            if done.all():
+                break
+        return done
 
     # unreachable: the continuous relaxation's least; reachable: every layer on the first stage
     return _least(reachable, span_bound(total, stages, 1, m) * (1.0 - 1e-12), (m + stages - 1) * total, steps,
-                  1e-12)
+                  1e-9)
 
 
-def _least(reachable: Callable[[float], bool], lo: float, hi: float, steps: int, tolerance: float) -> float:
-    """Bisection: the largest time found unreachable between ``lo`` (returned as it is when it is
-    reachable or ``hi`` is not: the bound falls back to it) and ``hi``."""
-    if lo >= hi or reachable(lo) or not reachable(hi):
+#: Times one step of :func:`_least` tries at once by default (each step narrows the interval 64 times).
+POINTS = 63
+
+
+def _least(reachable: Callable[[np.ndarray], np.ndarray], lo: float, hi: float, steps: int,
+           tolerance: float, points: int = POINTS) -> float:
+    """The largest time found unreachable between ``lo`` (returned as it is when it is
+    reachable or ``hi`` is not: the bound falls back to it) and ``hi``: a search that tries
+    ``points`` times per step (``reachable`` takes an array of times), as fine as ``steps``
+    halvings.  Whatever it returns was tried and found unreachable (or is ``lo``)."""
+    if lo >= hi:
         return lo
-    for _ in range(steps):
-        mid = 0.5 * (lo + hi)
-        if reachable(mid):
-            hi = mid
-        else:
-            lo = mid
+    ends = reachable(np.array([lo, hi]))
+    if ends[0] or not ends[1]:
+        return lo
+    fractions = np.arange(1, points + 1) / (points + 1)
+    for _ in range(-(-steps // max(1, (points + 1).bit_length() - 1))):
+        tries = lo + (hi - lo) * fractions
+        found = reachable(tries)
+        i = int(np.argmax(found)) if found.any() else points
+        if i < points:
+            hi = float(tries[i])
+        if i > 0:
+            lo = float(tries[i - 1])
         if hi - lo <= tolerance * hi:
             break
     return lo
@@ -170,9 +187,11 @@ def interleaved_bound(prefix: np.ndarray, stages: int, chunks: int, micro_batche
         return start
     ends = np.arange(layers + 1)
 
-    def reachable(t: float) -> bool:
+    def reachable(times: np.ndarray) -> np.ndarray:  # for every time at once: rows of t
+        t = times[:, None]
         # the round-0 boundaries a_1..a_{P-1} as small as the virtual paths allow, for every a_P at once
-        at, spent, ok = ends.copy(), np.zeros(layers + 1), np.ones(layers + 1, dtype=bool)
+        at = np.broadcast_to(ends, (len(times), layers + 1)).copy()
+        spent, ok = np.zeros(at.shape), np.ones(at.shape, dtype=bool)
         for _ in range(p - 1):
             need = (m * prefix[at] - t) / (m - 1)
             prev = np.searchsorted(prefix, need, side="left")
@@ -181,16 +200,18 @@ def interleaved_bound(prefix: np.ndarray, stages: int, chunks: int, micro_batche
             spent += prefix[at]
         ok &= m * prefix[at] <= t
         ok &= spent <= p * t - m * total
-        if not ok.any():
-            return False
-        a = int(np.flatnonzero(ok)[-1])
+        some = ok.any(axis=1)
+        a = layers - np.argmax(ok[:, ::-1], axis=1)  # the largest a_P allowed (where some is)
+        done = some & (a >= layers)
         for _ in range(p * (chunks - 1)):
-            if a >= layers:
-                return True
-            a = int(np.searchsorted(prefix, (t + (m - 1) * prefix[a]) / m, side="right")) - 1
-        return a >= layers
+            a = np.searchsorted(prefix, (times + (m - 1) * prefix[a]) / m, side="right") - 1
+            done |= some & (a >= layers)
+            if done[some].all():
+                break
+        return done
 
-    return _least(reachable, start, (m + p * chunks) * total, steps, 1e-9)
+    # each try walks every virtual stage: fewer tries per step on long pipelines
+    return _least(reachable, start, (m + p * chunks) * total, steps, 1e-9, 15 if p * chunks > 16 else POINTS)
 
 
 def _key(config: dict, shared: bool) -> tuple:
