@@ -1,217 +1,50 @@
 """Certified pruning across configurations: the N best rows of a sweep without searching the rest.
 
 Every configuration gets a lower bound on its iteration time from its fastest
-options alone (memory ignored):
+options alone (memory ignored; :mod:`._bounds` has how).  Sends between stages
+and each stage's tail (data-parallel communication, the optimizer) only add
+time, so they are left out.  Configurations are searched best bound first, in
+rounds; a round's rows give the N-th best iteration time so far, and every
+configuration whose bound is above it (beyond a rounding margin) is pruned
+unbuilt.  The result equals the first N rows of the full sweep: a pruned
+configuration's every row is slower than N rows already found.
 
-- ``F``, the sum over the model's layers of the fastest option's forward plus
-  backward time for one micro-batch.  Every split's stages together do at
-  least ``F`` per micro-batch, whatever options memory forces.
-- One-chunk 1F1B with ``P`` stages and ``M`` micro-batches: stage ``s`` cannot
-  start before micro-batch 0 has passed stages ``0..s-1`` forward, does its
-  own ``M`` forwards and backwards, and its last backward must still pass
-  stages ``s-1..0``; so the iteration takes at least ``S_s + M c_s`` for every
-  ``s`` (``c_s`` a stage's time per micro-batch, ``S_s`` the stages' before
-  it).  The least possible maximum over ``s`` with ``sum c_s = F`` has every
-  term equal, which gives ``F / (1 - (1 - 1/M)^P)`` (``F`` when ``M = 1``,
-  tending to ``M F / P`` for large ``M``).  Layers are whole, so the bound
-  used is tighter (:func:`whole_layer_bound`): the least ``T`` for which
-  stages of whole layers (fastest options, empty stages allowed) satisfy
-  ``S_s + M c_s <= T`` for every ``s``.  With ``C(a)`` the fastest time of the
-  first ``a`` layers that reads ``C(a_{s+1}) <= (T + (M - 1) C(a_s)) / M``: the
-  more layers the stages before hold, the more the next may hold, so taking
-  as many as fit stage by stage decides whether a ``T`` is reachable, and a
-  search that tries 63 times at once (as array code) finds the least one to a
-  relative 1e-9, returning a time it found unreachable.
-- Interleaved (``v`` chunks), :func:`interleaved_bound`: the same path through
-  every virtual stage, and the path of each device (its every operation
-  comes after micro-batch 0 reached its first chunk, and its last one is a
-  backward of that chunk, which must still go back to the first stage:
-  ``C(a_d) + M W_d <= T``), summed over the devices.  The first chunks are
-  taken as small as the virtual paths allow, the rest as large, which
-  decides a ``T``.
-- Any schedule: the busiest device does ``M`` times its work, and whole
-  layers cannot be shared more evenly than :func:`busiest_device` finds.
-
-Sends between stages and each stage's tail (data-parallel communication, the
-optimizer) only add time, so they are left out.  Configurations are searched
-best bound first, in rounds; a round's rows give the N-th best iteration time
-so far, and every configuration whose bound is above it (beyond a rounding
-margin) is pruned unbuilt.  The result equals the first N rows of the full
-sweep: a pruned configuration's every row is slower than N rows already found.
+The bounds are refined lazily: every configuration first gets a cheap one
+(``F``, the busiest device's share and the continuous 1F1B path, array code
+over the whole grid), and only a configuration that comes first in the queue
+on its cheap bound gets its whole-layer bound (:class:`Bounds`).  The cheap
+bound is below the refined one, so configurations still come out in the
+order of their refined bounds, and those whose cheap bound is already above
+the cutoff are never refined.
 """
 from __future__ import annotations
 
+import heapq
 import math
 from typing import Any, Callable
 
 import numpy as np
 
 from ..search import coverage
+from ._bounds import (  # noqa: F401 (the bounds' tests import them from here)
+    busiest_device,
+    fastest_layer_seconds,
+    fastest_prefix_seconds,
+    fastest_seconds,
+    interleaved_bound,
+    span_bound,
+    whole_layer_bound,
+)
 
 #: Relative margin between a bound and a time before the bound prunes (the bound's sums and the
 #: simulation's add the same numbers in different orders).
 MARGIN = 1e-9
 #: Configurations searched per round: the first round sets a cutoff soon, later ones share more work.
 FIRST_ROUND, ROUND = 16, 48
-#: Layers of other times than the most common one that :func:`busiest_device` groups every way.
-SPECIAL_LAYERS = 5
 #: Configuration keys a spec or config.json source's layer times depend on (the data-parallel size,
 #: the stages and the micro-batches change memory, sends and tails, not a layer's time).
 TIME_KEYS = ("tensor_parallel", "context_parallel", "expert_parallel", "expert_tensor_parallel",
              "micro_batch_size", "device")
-
-
-def fastest_seconds(model: Any, time_unit: float) -> float:
-    """``F`` in seconds: the fastest option of every layer, forward plus backward, one micro-batch."""
-    return math.fsum(fastest_layer_seconds(model, time_unit).tolist())
-
-
-def span_bound(fastest: float, stages: int, chunks: int, micro_batches: int) -> float:
-    """A lower bound on the iteration time of any split (see the module docstring)."""
-    if chunks == 1:
-        share = 1.0 - (1.0 - 1.0 / micro_batches) ** stages
-        return fastest / share if share > 0 else micro_batches * fastest / stages
-    return max(micro_batches * fastest / stages, fastest)
-
-
-def fastest_layer_seconds(model: Any, time_unit: float) -> np.ndarray:
-    """Every layer's fastest forward plus backward time for one micro-batch, in seconds."""
-    best = {kind: min(o.forward_time + o.backward_time for o in options) for kind, options in model.fronts.items()}
-    unit = model.costs.time_unit if getattr(model, "costs", None) is not None else time_unit
-    return np.array([best[k] for k in model.kinds], dtype=np.float64) * unit
-
-
-def fastest_prefix_seconds(model: Any, time_unit: float) -> np.ndarray:
-    """``C``: ``C[a]`` the fastest forward plus backward time of the first ``a`` layers, in seconds."""
-    return np.concatenate(([0.0], np.cumsum(fastest_layer_seconds(model, time_unit))))
-
-
-def busiest_device(times: np.ndarray, devices: int) -> float:
-    """A lower bound on the busiest device's work per micro-batch when whole layers of these
-    ``times`` are shared by ``devices`` devices in any way (contiguous or not): the layers of the
-    most common time are spread as evenly as the others allow, the others (at most
-    :data:`SPECIAL_LAYERS`) tried in every grouping.  More kinds of layer: ``sum / devices``."""
-    values, counts = np.unique(times, return_counts=True)
-    body = int(np.argmax(counts))
-    each, many = float(values[body]), int(counts[body])
-    others = [float(t) for t in times if t != each]
-    plain = max(float(np.sum(times)) / devices, float(np.max(times)))
-    if len(others) > SPECIAL_LAYERS or each <= 0:
-        return plain
-    best = math.inf
-    for groups in _groupings(others):
-        if len(groups) > devices:
-            continue
-        loads = np.zeros(devices)
-        loads[:len(groups)] = [math.fsum(g) for g in groups]
-
-        def holds(w: np.ndarray, loads: np.ndarray = loads) -> np.ndarray:  # bodies the devices take under
-            # each w (a hair generous: a bound)
-            return np.floor((w[:, None] - loads[None, :]) / each + 1e-9).clip(min=0).sum(axis=1) >= many
-
-        lo, hi = float(loads.max()), float(loads.max()) + many * each
-        best = min(best, _least(holds, lo * (1 - 1e-12), hi, 60, 1e-12))
-    return max(plain, best) if math.isfinite(best) else plain
-
-
-def _groupings(items: list) -> Any:
-    """Every way of grouping ``items`` (set partitions)."""
-    if not items:
-        yield []
-        return
-    first, rest = items[0], items[1:]
-    for groups in _groupings(rest):
-        for i in range(len(groups)):
-            yield groups[:i] + [[first] + groups[i]] + groups[i + 1:]
-        yield [[first]] + groups
-
-
-def whole_layer_bound(prefix: np.ndarray, stages: int, micro_batches: int, steps: int = 60) -> float:
-    """The largest ``T`` found unreachable by stages of whole layers (see the module docstring), a
-    lower bound on the one-chunk 1F1B iteration time of any split; at least :func:`span_bound`."""
-    total, m = float(prefix[-1]), micro_batches
-    layers = len(prefix) - 1
-
-    def reachable(t: np.ndarray) -> np.ndarray:  # for every time of t at once
-        a = np.zeros(len(t), dtype=np.int64)
-        done = np.zeros(len(t), dtype=bool)
-        for _ in range(stages):
-            a = np.searchsorted(prefix, (t + (m - 1) * prefix[a]) / m, side="right") - 1
-            done |= a >= layers
-            if done.all():
-                break
-        return done
-
-    # unreachable: the continuous relaxation's least; reachable: every layer on the first stage
-    return _least(reachable, span_bound(total, stages, 1, m) * (1.0 - 1e-12), (m + stages - 1) * total, steps,
-                  1e-9)
-
-
-#: Times one step of :func:`_least` tries at once by default (each step narrows the interval 64 times).
-POINTS = 63
-
-
-def _least(reachable: Callable[[np.ndarray], np.ndarray], lo: float, hi: float, steps: int,
-           tolerance: float, points: int = POINTS) -> float:
-    """The largest time found unreachable between ``lo`` (returned as it is when it is
-    reachable or ``hi`` is not: the bound falls back to it) and ``hi``: a search that tries
-    ``points`` times per step (``reachable`` takes an array of times), as fine as ``steps``
-    halvings.  Whatever it returns was tried and found unreachable (or is ``lo``)."""
-    if lo >= hi:
-        return lo
-    ends = reachable(np.array([lo, hi]))
-    if ends[0] or not ends[1]:
-        return lo
-    fractions = np.arange(1, points + 1) / (points + 1)
-    for _ in range(-(-steps // max(1, (points + 1).bit_length() - 1))):
-        tries = lo + (hi - lo) * fractions
-        found = reachable(tries)
-        i = int(np.argmax(found)) if found.any() else points
-        if i < points:
-            hi = float(tries[i])
-        if i > 0:
-            lo = float(tries[i - 1])
-        if hi - lo <= tolerance * hi:
-            break
-    return lo
-
-
-def interleaved_bound(prefix: np.ndarray, stages: int, chunks: int, micro_batches: int, steps: int = 40) -> float:
-    """The largest ``T`` found unreachable by ``stages * chunks`` virtual stages of whole layers
-    (fastest options, empty ones allowed) under both path families of the module docstring, a
-    lower bound on the interleaved iteration time of any split; at least :func:`span_bound`."""
-    total, m, p = float(prefix[-1]), micro_batches, stages
-    layers = len(prefix) - 1
-    start = span_bound(total, p, chunks, m) * (1.0 - 1e-12)
-    if m == 1:
-        return start
-    ends = np.arange(layers + 1)
-
-    def reachable(times: np.ndarray) -> np.ndarray:  # for every time at once: rows of t
-        t = times[:, None]
-        # the round-0 boundaries a_1..a_{P-1} as small as the virtual paths allow, for every a_P at once
-        at = np.broadcast_to(ends, (len(times), layers + 1)).copy()
-        spent, ok = np.zeros(at.shape), np.ones(at.shape, dtype=bool)
-        for _ in range(p - 1):
-            need = (m * prefix[at] - t) / (m - 1)
-            prev = np.searchsorted(prefix, need, side="left")
-            ok &= prev <= at
-            at = np.minimum(prev, at)
-            spent += prefix[at]
-        ok &= m * prefix[at] <= t
-        ok &= spent <= p * t - m * total
-        some = ok.any(axis=1)
-        a = layers - np.argmax(ok[:, ::-1], axis=1)  # the largest a_P allowed (where some is)
-        done = some & (a >= layers)
-        for _ in range(p * (chunks - 1)):
-            a = np.searchsorted(prefix, (times + (m - 1) * prefix[a]) / m, side="right") - 1
-            done |= some & (a >= layers)
-            if done[some].all():
-                break
-        return done
-
-    # each try walks every virtual stage: fewer tries per step on long pipelines
-    return _least(reachable, start, (m + p * chunks) * total, steps, 1e-9, 15 if p * chunks > 16 else POINTS)
 
 
 def _key(config: dict, shared: bool) -> tuple:
@@ -220,53 +53,75 @@ def _key(config: dict, shared: bool) -> tuple:
     return tuple(sorted(config.items(), key=lambda e: e[0]))
 
 
-def lower_bounds(configs: list, builder: Callable, time_unit: float) -> tuple[np.ndarray, dict]:
-    """``(bounds in seconds, {index: reason})`` for every configuration; a configuration whose model
-    cannot be built gets the reason instead of a bound (``inf``).  Builders of specs and config.json
-    files (``builder.shares_layer_times``) build one model per :data:`TIME_KEYS` group; others one
-    per configuration."""
-    shared = bool(getattr(builder, "shares_layer_times", False))
-    fastest: dict[tuple, Any] = {}
-    whole: dict[tuple, float] = {}
-    busiest: dict[tuple, float] = {}
-    bounds = np.full(len(configs), math.inf)
-    errors: dict[int, str] = {}
-    for i, config in enumerate(configs):
-        key = _key(config, shared)
-        f = fastest.get(key)
-        if f is None:
-            try:
-                model = builder(dict(config))
-                f = (fastest_layer_seconds(model, time_unit), model.layers)
-            except ValueError as exc:
-                f = str(exc)
-            if shared and isinstance(f, str):  # the group's first configuration failed: try each on its own
-                shared_failure = f
-                f = None
-                try:
-                    model = builder(dict(config))
-                    f = (fastest_layer_seconds(model, time_unit), model.layers)
-                except ValueError:
-                    errors[i] = shared_failure
-                    continue
-                key = _key(config, False)
-            fastest[key] = f
-        if isinstance(f, str):
-            errors[i] = f
-            continue
-        times, layers = f
-        prefix = np.concatenate(([0.0], np.cumsum(times)))
+class Bounds:
+    """Lower bounds on every configuration's iteration time, in seconds: ``cheap`` for all at
+    once (``inf`` where the model cannot be built, ``errors[i]`` saying why) and :meth:`refined`
+    on demand, never below ``cheap``.  Builders of specs and config.json files
+    (``builder.shares_layer_times``) build one model per :data:`TIME_KEYS` group; others one per
+    configuration."""
+
+    def __init__(self, configs: list, builder: Callable, time_unit: float):
+        shared = bool(getattr(builder, "shares_layer_times", False))
+        fastest: dict[tuple, Any] = {}
+        self.configs = configs
+        self.cheap = np.full(len(configs), math.inf)
+        self.errors: dict[int, str] = {}
+        self._of: dict[int, tuple] = {}  # i -> (key, times, prefix)
+        self._whole: dict[tuple, float] = {}
+        self._busiest: dict[tuple, float] = {}
+        for i, config in enumerate(configs):
+            key = _key(config, shared)
+            f = fastest.get(key)
+            if f is None:
+                f = _fastest(builder, config, time_unit)
+                if shared and isinstance(f, str):  # the group's first configuration failed: try each on its own
+                    failure, f = f, _fastest(builder, config, time_unit)
+                    if isinstance(f, str):
+                        self.errors[i] = failure
+                        continue
+                    key = _key(config, False)
+                fastest[key] = f
+            if isinstance(f, str):
+                self.errors[i] = f
+                continue
+            times, prefix = f
+            p, v, m = config["stages"], config["interleave"], config["micro_batches"]
+            if p * v > len(times):
+                self.errors[i] = f"{p} stages x {v} chunks is more than the model's {len(times)} layers"
+                continue
+            self._of[i] = (key, times, prefix)
+            plain = max(float(np.sum(times)) / p, float(np.max(times)))  # busiest_device's least
+            # below the refined bound: that starts a hair under span_bound and is at least M * plain
+            self.cheap[i] = max(span_bound(float(prefix[-1]), p, v, m), m * plain) * (1.0 - 1e-11) * (1.0 - MARGIN)
+
+    def refined(self, i: int) -> float:
+        """Configuration i's whole-layer bound (see :mod:`._bounds`)."""
+        key, times, prefix = self._of[i]
+        config = self.configs[i]
         p, v, m = config["stages"], config["interleave"], config["micro_batches"]
-        if p * v > layers:
-            errors[i] = f"{p} stages x {v} chunks is more than the model's {layers} layers"
-            continue
-        if (key, p, v, m) not in whole:
-            if (key, p) not in busiest:
-                busiest[key, p] = busiest_device(times, p)
-            whole[key, p, v, m] = max(whole_layer_bound(prefix, p, m) if v == 1
-                                      else interleaved_bound(prefix, p, v, m), m * busiest[key, p])
-        bounds[i] = whole[key, p, v, m] * (1.0 - MARGIN)
-    return bounds, errors
+        if (key, p, v, m) not in self._whole:
+            if (key, p) not in self._busiest:
+                self._busiest[key, p] = busiest_device(times, p)
+            self._whole[key, p, v, m] = max(whole_layer_bound(prefix, p, m) if v == 1
+                                            else interleaved_bound(prefix, p, v, m), m * self._busiest[key, p])
+        return self._whole[key, p, v, m] * (1.0 - MARGIN)
+
+
+def _fastest(builder: Callable, config: dict, time_unit: float) -> Any:
+    """``(fastest layer times, their prefix sums)`` of a configuration's model, or why it cannot be built."""
+    try:
+        times = fastest_layer_seconds(builder(dict(config)), time_unit)
+    except ValueError as exc:
+        return str(exc)
+    return times, np.concatenate(([0.0], np.cumsum(times)))
+
+
+def lower_bounds(configs: list, builder: Callable, time_unit: float) -> tuple[np.ndarray, dict]:
+    """``(bounds in seconds, {index: reason})`` for every configuration, every bound refined; a
+    configuration whose model cannot be built gets the reason instead of a bound (``inf``)."""
+    bounds = Bounds(configs, builder, time_unit)
+    out = np.array([math.inf if i in bounds.errors else bounds.refined(i) for i in range(len(configs))])
+    return out, bounds.errors
 
 
 def layers_held(model: Any, stages: int, chunks: int, bucket: float) -> int:
@@ -314,30 +169,31 @@ def best_rows(configs: list, builder: Callable, top: int, run: Callable, order: 
         except ValueError:
             return False  # the search reports why it cannot be built
 
-    bounds, errors = lower_bounds(configs, builder, time_unit)
+    bounds = Bounds(configs, builder, time_unit)
+    errors = bounds.errors
     skipped = [{"config": configs[i], "reason": why} for i, why in sorted(errors.items())]
-    # best bound first; equal bounds one chunk before more (cheaper searches set the cutoff sooner)
-    chunks = np.array([c["interleave"] for c in configs])
-    todo = [i for i in np.lexsort((chunks, bounds)).tolist() if i not in errors]
+    queue = _Queue(bounds)
     rows: list = []
     deferred: list = []  # configurations no split of which fits (proved without a search)
-    searched, at, size = 0, 0, FIRST_ROUND
-    while at < len(todo):
+    searched, size = 0, FIRST_ROUND
+    while True:
         cutoff = _nth_time(rows, top)
-        if bounds[todo[at]] > cutoff:
+        at = queue.next(cutoff)
+        if at is None:
             break
         if searched >= limit:
-            raise ValueError(f"top={top}: {searched:,} configurations searched and {len(todo) - at:,} more are "
-                             f"within reach of the {top}-th best row; a sweep searches at most {limit:,} "
-                             "(narrow the grid or ask for fewer rows)")
+            raise ValueError(f"top={top}: {searched:,} configurations searched and {len(queue) + 1:,} more are "
+                             f"left, the next within reach of the {top}-th best row; a sweep searches at most "
+                             f"{limit:,} (narrow the grid or ask for fewer rows)")
         chunk = []
-        while at < len(todo) and len(chunk) < min(size, limit - searched) and bounds[todo[at]] <= cutoff:
-            config = configs[todo[at]]
-            at += 1
-            if proven_infeasible(config):
-                deferred.append(config)
+        while at is not None:
+            if proven_infeasible(configs[at]):
+                deferred.append(configs[at])
             else:
-                chunk.append(config)
+                chunk.append(configs[at])
+            if len(chunk) >= min(size, limit - searched):
+                break
+            at = queue.next(cutoff)
         if not chunk:
             continue
         new_rows, bad = run(chunk)
@@ -352,8 +208,36 @@ def best_rows(configs: list, builder: Callable, top: int, run: Callable, order: 
         searched += len(deferred)
         rows = _keep(order(rows + new_rows), top)
         deferred = []
-    counts = {"searched": searched, "pruned": len(todo) - at, "invalid": len(errors), "infeasible": len(deferred)}
+    counts = {"searched": searched, "pruned": len(queue), "invalid": len(errors), "infeasible": len(deferred)}
     return rows[:top], skipped, counts
+
+
+class _Queue:
+    """Configurations in the order of their refined bounds (equal bounds: fewer chunks first,
+    their searches are cheaper and set the cutoff sooner; then grid order).  A configuration is
+    refined only once it comes first on its cheap bound, which is below its refined one."""
+
+    def __init__(self, bounds: Bounds):
+        self._bounds = bounds
+        self._heap = [(float(bounds.cheap[i]), c["interleave"], i, False)
+                      for i, c in enumerate(bounds.configs) if i not in bounds.errors]
+        heapq.heapify(self._heap)
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def next(self, cutoff: float) -> int | None:
+        """Take the next configuration whose bound is within ``cutoff`` (None: every one left
+        is above it)."""
+        while self._heap:
+            bound, chunks, i, refined = self._heap[0]
+            if bound > cutoff:
+                return None
+            if refined:
+                heapq.heappop(self._heap)
+                return i
+            heapq.heapreplace(self._heap, (self._bounds.refined(i), chunks, i, True))
+        return None
 
 
 def _nth_time(rows: list, top: int) -> float:

@@ -135,6 +135,35 @@ def test_the_bound_is_below_every_searched_row(seed):
         same_rows(sweep(build, grid, gpus=24, global_batch=48, backend="numpy", top=n).rows, result.rows[:n])
 
 
+@pytest.mark.parametrize("source, kw, grid", [
+    (LLAMA, dict(gpus=256, global_batch=256), {"stages": [1, 2, 4, 5, 8, 10, 16], "tensor_parallel": [1, 2, 4],
+                                                "micro_batch_size": [1, 2], "interleave": [1, 2, 4]}),
+    (MIXTRAL, dict(gpus=64, global_batch=256, seq=4096),
+     {"stages": [1, 2, 4, 8], "tensor_parallel": [1, 2], "expert_parallel": [1, 2, 8], "interleave": [1, 2]})])
+def test_lazy_bounds_come_out_in_the_order_of_the_refined_ones(source, kw, grid):
+    """The queue refines a bound only when its cheap bound comes first: the cheap bound is below
+    the refined one, and the configurations come out in the order of the refined bounds (then
+    fewer chunks, then grid order), each within a cutoff exactly when its refined bound is."""
+    from gpuknap.sweep._prune import Bounds, _Queue
+
+    builder, _, _, _ = builder_of(source, None, None, kw.get("seq"), 16 * MIB, {"device": "h100"})
+    configs, _ = expand(grid, kw["gpus"], kw["global_batch"], builder.layers)
+    bounds = Bounds(configs, builder, 1e-3)
+    refined = np.array([math.inf if i in bounds.errors else bounds.refined(i) for i in range(len(configs))])
+    ok = np.isfinite(refined)
+    assert ok.sum() > 20 and (bounds.cheap[ok] <= refined[ok]).all()
+    chunks = np.array([c["interleave"] for c in configs])
+    want = [i for i in np.lexsort((np.arange(len(configs)), chunks, refined)).tolist() if ok[i]]
+    queue = _Queue(Bounds(configs, builder, 1e-3))
+    assert [queue.next(math.inf) for _ in want] == want and queue.next(math.inf) is None
+    cutoff = float(np.median(refined[ok]))
+    queue = _Queue(Bounds(configs, builder, 1e-3))
+    got = []
+    while (i := queue.next(cutoff)) is not None:
+        got.append(i)
+    assert got == [i for i in want if refined[i] <= cutoff] and len(queue) == len(want) - len(got)
+
+
 def test_one_model_per_group_gives_every_configuration_its_own_fastest_time():
     """The bound builds one model per TIME_KEYS group: a layer's times must not depend on P, DP or M."""
     builder, _, _, _ = builder_of(MIXTRAL, None, None, 4096, 16 * MIB, {"device": "h100"})

@@ -1,0 +1,197 @@
+"""Lower bounds on a configuration's iteration time from its fastest options alone (memory
+ignored), for the sweep's certified pruning (:mod:`._prune`):
+
+- ``F``, the sum over the model's layers of the fastest option's forward plus
+  backward time for one micro-batch.  Every split's stages together do at
+  least ``F`` per micro-batch, whatever options memory forces.
+- One-chunk 1F1B with ``P`` stages and ``M`` micro-batches: stage ``s`` cannot
+  start before micro-batch 0 has passed stages ``0..s-1`` forward, does its
+  own ``M`` forwards and backwards, and its last backward must still pass
+  stages ``s-1..0``; so the iteration takes at least ``S_s + M c_s`` for every
+  ``s`` (``c_s`` a stage's time per micro-batch, ``S_s`` the stages' before
+  it).  The least possible maximum over ``s`` with ``sum c_s = F`` has every
+  term equal, which gives ``F / (1 - (1 - 1/M)^P)`` (``F`` when ``M = 1``,
+  tending to ``M F / P`` for large ``M``).  Layers are whole, so the bound
+  used is tighter (:func:`whole_layer_bound`): the least ``T`` for which
+  stages of whole layers (fastest options, empty stages allowed) satisfy
+  ``S_s + M c_s <= T`` for every ``s``.  With ``C(a)`` the fastest time of the
+  first ``a`` layers that reads ``C(a_{s+1}) <= (T + (M - 1) C(a_s)) / M``: the
+  more layers the stages before hold, the more the next may hold, so taking
+  as many as fit stage by stage decides whether a ``T`` is reachable, and a
+  search that tries 63 times at once (as array code) finds the least one to a
+  relative 1e-9, returning a time it found unreachable.
+- Interleaved (``v`` chunks), :func:`interleaved_bound`: the same path through
+  every virtual stage, and the path of each device (its every operation
+  comes after micro-batch 0 reached its first chunk, and its last one is a
+  backward of that chunk, which must still go back to the first stage:
+  ``C(a_d) + M W_d <= T``), summed over the devices.  The first chunks are
+  taken as small as the virtual paths allow, the rest as large, which
+  decides a ``T``.
+- Any schedule: the busiest device does ``M`` times its work, and whole
+  layers cannot be shared more evenly than :func:`busiest_device` finds.
+
+Each least ``T`` is found by :func:`_least`, which tries many times at once
+(``reachable`` is array code over them) and returns one it found unreachable.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import numpy as np
+
+#: Layers of other times than the most common one that :func:`busiest_device` groups every way.
+SPECIAL_LAYERS = 5
+
+
+def fastest_seconds(model: Any, time_unit: float) -> float:
+    """``F`` in seconds: the fastest option of every layer, forward plus backward, one micro-batch."""
+    return math.fsum(fastest_layer_seconds(model, time_unit).tolist())
+
+
+def span_bound(fastest: float, stages: int, chunks: int, micro_batches: int) -> float:
+    """A lower bound on the iteration time of any split (see the module docstring)."""
+    if chunks == 1:
+        share = 1.0 - (1.0 - 1.0 / micro_batches) ** stages
+        return fastest / share if share > 0 else micro_batches * fastest / stages
+    return max(micro_batches * fastest / stages, fastest)
+
+
+def fastest_layer_seconds(model: Any, time_unit: float) -> np.ndarray:
+    """Every layer's fastest forward plus backward time for one micro-batch, in seconds."""
+    best = {kind: min(o.forward_time + o.backward_time for o in options) for kind, options in model.fronts.items()}
+    unit = model.costs.time_unit if getattr(model, "costs", None) is not None else time_unit
+    return np.array([best[k] for k in model.kinds], dtype=np.float64) * unit
+
+
+def fastest_prefix_seconds(model: Any, time_unit: float) -> np.ndarray:
+    """``C``: ``C[a]`` the fastest forward plus backward time of the first ``a`` layers, in seconds."""
+    return np.concatenate(([0.0], np.cumsum(fastest_layer_seconds(model, time_unit))))
+
+
+def busiest_device(times: np.ndarray, devices: int) -> float:
+    """A lower bound on the busiest device's work per micro-batch when whole layers of these
+    ``times`` are shared by ``devices`` devices in any way (contiguous or not): the layers of the
+    most common time are spread as evenly as the others allow, the others (at most
+    :data:`SPECIAL_LAYERS`) tried in every grouping.  More kinds of layer: ``sum / devices``."""
+    values, counts = np.unique(times, return_counts=True)
+    body = int(np.argmax(counts))
+    each, many = float(values[body]), int(counts[body])
+    others = [float(t) for t in times if t != each]
+    plain = max(float(np.sum(times)) / devices, float(np.max(times)))
+    if len(others) > SPECIAL_LAYERS or each <= 0:
+        return plain
+    best = math.inf
+    for groups in _groupings(others):
+        if len(groups) > devices:
+            continue
+        loads = np.zeros(devices)
+        loads[:len(groups)] = [math.fsum(g) for g in groups]
+
+        def holds(w: np.ndarray, loads: np.ndarray = loads) -> np.ndarray:  # bodies the devices take under
+            # each w (a hair generous: a bound)
+            return np.floor((w[:, None] - loads[None, :]) / each + 1e-9).clip(min=0).sum(axis=1) >= many
+
+        lo, hi = float(loads.max()), float(loads.max()) + many * each
+        best = min(best, _least(holds, lo * (1 - 1e-12), hi, 60, 1e-12))
+    return max(plain, best) if math.isfinite(best) else plain
+
+
+def _groupings(items: list) -> Any:
+    """Every way of grouping ``items`` (set partitions)."""
+    if not items:
+        yield []
+        return
+    first, rest = items[0], items[1:]
+    for groups in _groupings(rest):
+        for i in range(len(groups)):
+            yield groups[:i] + [[first] + groups[i]] + groups[i + 1:]
+        yield [[first]] + groups
+
+
+def whole_layer_bound(prefix: np.ndarray, stages: int, micro_batches: int, steps: int = 60) -> float:
+    """The largest ``T`` found unreachable by stages of whole layers (see the module docstring), a
+    lower bound on the one-chunk 1F1B iteration time of any split; at least :func:`span_bound`."""
+    total, m = float(prefix[-1]), micro_batches
+    layers = len(prefix) - 1
+
+    def reachable(t: np.ndarray) -> np.ndarray:  # for every time of t at once
+        a = np.zeros(len(t), dtype=np.int64)
+        done = np.zeros(len(t), dtype=bool)
+        for _ in range(stages):
+            a = np.searchsorted(prefix, (t + (m - 1) * prefix[a]) / m, side="right") - 1
+            done |= a >= layers
+            if done.all():
+                break
+        return done
+
+    # unreachable: the continuous relaxation's least; reachable: every layer on the first stage
+    return _least(reachable, span_bound(total, stages, 1, m) * (1.0 - 1e-12), (m + stages - 1) * total, steps,
+                  1e-9)
+
+
+#: Times one step of :func:`_least` tries at once by default (each step narrows the interval 64 times).
+POINTS = 63
+
+
+def _least(reachable: Callable[[np.ndarray], np.ndarray], lo: float, hi: float, steps: int,
+           tolerance: float, points: int = POINTS) -> float:
+    """The largest time found unreachable between ``lo`` (returned as it is when it is
+    reachable or ``hi`` is not: the bound falls back to it) and ``hi``: a search that tries
+    ``points`` times per step (``reachable`` takes an array of times), as fine as ``steps``
+    halvings.  Whatever it returns was tried and found unreachable (or is ``lo``)."""
+    if lo >= hi:
+        return lo
+    ends = reachable(np.array([lo, hi]))
+    if ends[0] or not ends[1]:
+        return lo
+    fractions = np.arange(1, points + 1) / (points + 1)
+    for _ in range(-(-steps // max(1, (points + 1).bit_length() - 1))):
+        tries = lo + (hi - lo) * fractions
+        found = reachable(tries)
+        i = int(np.argmax(found)) if found.any() else points
+        if i < points:
+            hi = float(tries[i])
+        if i > 0:
+            lo = float(tries[i - 1])
+        if hi - lo <= tolerance * hi:
+            break
+    return lo
+
+
+def interleaved_bound(prefix: np.ndarray, stages: int, chunks: int, micro_batches: int, steps: int = 40) -> float:
+    """The largest ``T`` found unreachable by ``stages * chunks`` virtual stages of whole layers
+    (fastest options, empty ones allowed) under both path families of the module docstring, a
+    lower bound on the interleaved iteration time of any split; at least :func:`span_bound`."""
+    total, m, p = float(prefix[-1]), micro_batches, stages
+    layers = len(prefix) - 1
+    start = span_bound(total, p, chunks, m) * (1.0 - 1e-12)
+    if m == 1:
+        return start
+    ends = np.arange(layers + 1)
+
+    def reachable(times: np.ndarray) -> np.ndarray:  # for every time at once: rows of t
+        t = times[:, None]
+        # the round-0 boundaries a_1..a_{P-1} as small as the virtual paths allow, for every a_P at once
+        at = np.broadcast_to(ends, (len(times), layers + 1)).copy()
+        spent, ok = np.zeros(at.shape), np.ones(at.shape, dtype=bool)
+        for _ in range(p - 1):
+            need = (m * prefix[at] - t) / (m - 1)
+            prev = np.searchsorted(prefix, need, side="left")
+            ok &= prev <= at
+            at = np.minimum(prev, at)
+            spent += prefix[at]
+        ok &= m * prefix[at] <= t
+        ok &= spent <= p * t - m * total
+        some = ok.any(axis=1)
+        a = layers - np.argmax(ok[:, ::-1], axis=1)  # the largest a_P allowed (where some is)
+        done = some & (a >= layers)
+        for _ in range(p * (chunks - 1)):
+            a = np.searchsorted(prefix, (times + (m - 1) * prefix[a]) / m, side="right") - 1
+            done |= some & (a >= layers)
+            if done[some].all():
+                break
+        return done
+
+    # each try walks every virtual stage: fewer tries per step on long pipelines
+    return _least(reachable, start, (m + p * chunks) * total, steps, 1e-9, 15 if p * chunks > 16 else POINTS)
