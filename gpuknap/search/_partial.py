@@ -20,9 +20,9 @@ from ._critical import stage_terms
 from ._segments import SegmentTable
 
 #: Open "up again through m stages" terms a partial split keeps.
-CHAINS = 8
+CHAINS = 4
 #: Points of the grid of "largest backward time placed" for the remaining stages' bound.
-GRID = 48
+GRID = 96
 #: Points of that grid at first (a search that runs long refines it to ``GRID``).
 FIRST_GRID = 6
 
@@ -37,15 +37,22 @@ class Bounds:
         self.fh = T.pull(forward_high, 0.0) - forward_high[:, None]
         self.refine(FIRST_GRID)
 
-    def refine(self, points: int) -> None:
-        """Keep the remaining stages' bound for a grid of ``points`` values (and 0)."""
+    def refine(self, points: int, splits: np.ndarray | None = None) -> None:
+        """Keep the remaining stages' bound for a grid of ``points`` values (and 0), and the
+        "largest backward time placed" of every prefix of ``splits`` (complete splits)."""
         self.grid = self._grid(points)
+        if splits is not None and len(splits):
+            t, _, fh = self.times(splits)
+            running = np.maximum.accumulate(t - fh, axis=1)
+            self.grid = np.unique(np.concatenate((self.grid, running[np.isfinite(running)])))
         self._programs()
 
     def _grid(self, points: int) -> np.ndarray:
         """The values of "largest backward time placed" the remaining stages' bound is kept for:
         the backward times of the segments no longer than twice an even share of the layers'
-        fastest time (the ones splits near the best use), at most ``points`` of them, and 0."""
+        fastest time (the ones splits near the best use), at most ``points`` of them, and 0.
+        A partial split's value is rounded down to the grid (a lower bound), so a value that
+        partial splits near the best hold exactly bounds them best."""
         T = self.T
         back = T.band - self.fh[None]
         finite = np.isfinite(back)
@@ -92,6 +99,39 @@ class Bounds:
         return {"a": np.zeros(1, dtype=np.int64), "pre": zero, "fmax": zero, "bmax": zero, "h0": zero - math.inf,
                 "h1": zero - math.inf, "h2": zero - math.inf, "zb": none, "zr": none, "zc": np.zeros((1, CHAINS)),
                 "zl": np.zeros((1, CHAINS), dtype=np.int64), "counts": np.zeros((1, 0), dtype=np.int32)}
+
+    #: The fields of a partial split's state that :meth:`expand` reads (with the stage placed next).
+    STATE = ("a", "pre", "fmax", "bmax", "h0", "h1", "h2", "zb", "zr", "zc", "zl")
+
+    @staticmethod
+    def order(st: dict) -> tuple[np.ndarray, np.ndarray]:
+        """Rows ``(same, lower)`` per partial split of ``st`` (all with the same stages placed)
+        such that where A's ``same`` row equals B's and A's ``lower`` row is at most B's in
+        every column, :meth:`expand` gives A's every child a bound at most that of B's child
+        on the same layers, and A's child and B's child are in the same relation again.
+
+        ``same``: the layer reached and the open chains' remaining lengths ``zl``;
+        ``lower``: the stage times summed, the largest forward and backward times, the
+        largest terms ``h0, h1, h2``, and per chain ``zb``, ``zr`` and ``zr - zl zc``.
+
+        Why: with the same layer reached, the next stage's time ``t`` and forward range are
+        the same; its terms grow with the largest forward and backward times before it
+        (the bumps); each new field is a sum or maximum of fields and these terms, so it
+        keeps the order, and so does the bound (the sums and maxima of the fields, and
+        the remaining stages' bound, looked up at the largest backward time rounded down
+        to the grid, which grows with it: a larger value placed makes every later bump
+        larger).  A chain's value ``i`` stages on is ``zr + 2 (t_1 + ... + t_i) - i zc``
+        for ``i <= zl``: linear in i, so at most B's for every such i when it is at both
+        ends (``zr`` and ``zr - zl zc``); one stage on, the same holds for ``zl - 1``.  A
+        chain opened by the stage placed starts at ``pre + (m - w) t + w c`` with
+        ``c`` growing with the largest backward time, and its ends ``i = 0`` and
+        ``i = w - 1`` grow with ``pre`` and ``c``, so the new chains keep the order too."""
+        n = len(st["a"])
+        same = np.concatenate((st["a"].reshape(n, 1).astype(np.float64), st["zl"].reshape(n, -1)), axis=1)
+        ends = st["zr"] - st["zl"] * st["zc"]
+        lower = np.concatenate([st[k].reshape(n, -1) for k in ("pre", "fmax", "bmax", "h0", "h1", "h2", "zb", "zr")]
+                               + [ends.reshape(n, -1)], axis=1)
+        return same, lower
 
     def expand(self, s: int, st: dict) -> tuple[np.ndarray, dict]:
         """Every child of the partial splits ``st`` (stages 0..s-1 placed) taking stage s:
