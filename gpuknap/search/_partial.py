@@ -22,9 +22,20 @@ from ._segments import SegmentTable
 #: Open "up again through m stages" terms a partial split keeps.
 CHAINS = 4
 #: Points of the grid of "largest backward time placed" for the remaining stages' bound.
-GRID = 96
+GRID = 48
 #: Points of that grid at first (a search that runs long refines it to ``GRID``).
 FIRST_GRID = 6
+
+
+def _distinct(values: np.ndarray) -> np.ndarray:
+    """The least of each run of values that differ only by rounding (the same backward time
+    summed at other positions), ascending: a grid point at the least of a run bounds every
+    value of the run from below."""
+    values = np.unique(values)
+    if len(values) < 2:
+        return values
+    new = np.concatenate(([True], values[1:] > values[:-1] + 1e-9 * np.abs(values[:-1]) + 1e-12))
+    return values[new]
 
 
 class Bounds:
@@ -44,7 +55,7 @@ class Bounds:
         if splits is not None and len(splits):
             t, _, fh = self.times(splits)
             running = np.maximum.accumulate(t - fh, axis=1)
-            self.grid = np.unique(np.concatenate((self.grid, running[np.isfinite(running)])))
+            self.grid = _distinct(np.concatenate((self.grid, running[np.isfinite(running)])))
         self._programs()
 
     def _grid(self, points: int) -> np.ndarray:
@@ -57,7 +68,7 @@ class Bounds:
         back = T.band - self.fh[None]
         finite = np.isfinite(back)
         short = finite & (T.band <= 2.0 * self._share())
-        values = np.unique(back[short if short.any() else finite])
+        values = _distinct(back[short if short.any() else finite])
         if len(values) > points:
             values = values[np.linspace(0, len(values) - 1, points).round().astype(np.int64)]
         return np.unique(np.concatenate(([0.0], values)))
@@ -77,21 +88,27 @@ class Bounds:
         rest[p, T.n1 - 1] = 0.0
         for s in range(p - 1, -1, -1):
             rest[s] = (T.band[s] + T.pull(rest[s + 1], math.inf)).min(axis=1)
-        worst = np.full((len(self.grid), p + 1, T.n1), math.inf)
+        reach = np.zeros((p + 1, T.n1), dtype=bool)  # the first layers stage s can start at
+        reach[0, 0] = True
+        for s in range(p):
+            a = np.flatnonzero(reach[s])
+            reach[s + 1, T.ends[a][np.isfinite(T.band[s][a]) & T.valid[a]]] = True
+        worst = np.full((len(self.grid), p + 1, T.n1), math.inf)  # inf where no partial split starts
         worst[:, p, T.n1 - 1] = -math.inf
         q = self.grid[:, None, None]
         for s in range(p - 1, -1, -1):
-            t = T.band[s]
-            after = T.pull(rest[s + 1], math.inf)
+            a = np.flatnonzero(reach[s] & np.isfinite(rest[s]))
+            t, fl, fh, ends, valid = T.band[s][a], self.fl[a], self.fh[a], T.ends[a], T.valid[a]
+            after = np.where(valid, rest[s + 1][ends], math.inf)
             dead = ~np.isfinite(t) | ~np.isfinite(after)
             with np.errstate(invalid="ignore"):
-                h0, h1, h2 = stage_terms(s, p, self.m, t, self.fl, self.fh, 0.0, q)
+                h0, h1, h2 = stage_terms(s, p, self.m, t, fl, fh, 0.0, q)
                 # the later stages see this stage's backward time among the largest before them
-                lifted = np.searchsorted(self.grid, np.maximum(q, (t - self.fh)[None]), side="right") - 1
-                later = np.where(T.valid[None], worst[lifted, s + 1, T.ends[None]], math.inf)
+                lifted = np.searchsorted(self.grid, np.maximum(q, (t - fh)[None]), side="right") - 1
+                later = np.where(valid[None], worst[lifted, s + 1, ends[None]], math.inf)
                 value = np.maximum(np.maximum(t + later, h0), np.maximum(h1 + after, h2 + 2 * after))
                 value[:, dead] = math.inf
-                worst[:, s] = value.min(axis=2)
+                worst[:, s, a] = value.min(axis=2)
         self.rest, self.worst = rest, worst
 
     def start(self) -> dict:
