@@ -31,13 +31,22 @@ limit).  Nothing is ranked by a node: only the pruning work is shared.
 A node keeps its paths as edges to the nodes of its parent's chunk (which node,
 which stage size), not as rows of stage sizes: a chunk holds at most one edge per
 child of its parent chunk, so memory stays bounded however many paths meet.
+
+Joining by the order has a price: the paths that joined are cut by the node's
+bounds, not their own, so more of them reach the last stage, where each one is
+completed and bounded on its own.  Where many paths join nodes whose completions
+stay close to the cut (layers of their own times, say), that work outgrows what
+the shared walk saves; so a node takes others by the order only while it holds at
+most ``JOIN_PATHS`` paths (equal states always join: they cost nothing there).
 """
 from __future__ import annotations
 
 import numpy as np
 
+#: Most paths a node may hold after others joined it by the order (equal states join always).
+JOIN_PATHS = 256
 #: Nodes of a class every node of the class is compared with.
-LEADERS = 4
+LEADERS = 16
 
 
 def start(st: dict) -> dict:
@@ -57,7 +66,11 @@ def children(st: dict, new: dict, parent: np.ndarray, j: np.ndarray, B) -> dict:
     group, keep = _same(np.concatenate([np.asarray(state[k], dtype=np.float64).reshape(c, -1) for k in B.STATE],
                                        axis=1))
     state = {k: v[keep] for k, v in state.items()}
+    paths = np.bincount(group, weights=st["paths"][parent], minlength=len(keep))
     target = _below(*B.order(state))
+    total = np.bincount(target, weights=paths, minlength=len(target))
+    crowded = (target != np.arange(len(target))) & (total[target] > JOIN_PATHS)
+    target[crowded] = np.flatnonzero(crowded)
     heads = np.flatnonzero(target == np.arange(len(target)))
     rank = np.empty(len(target), dtype=np.int64)
     rank[heads] = np.arange(len(heads))

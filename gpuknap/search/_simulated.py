@@ -46,7 +46,7 @@ from ..engine import report
 from ..schedule import iteration_times
 from . import _groups as groups
 from ._critical import split_bounds
-from ._partial import GRID, Bounds
+from ._partial import CHAINS, GRID, Bounds
 from ._segments import SegmentTable
 from ._ties import tie_key
 
@@ -61,7 +61,7 @@ DEFAULT_BYTES = 64 * 2**20
 #: Cuts of the search's passes, as fractions of the way from the least bound to the k-th best.
 PASSES = (1 / 64, 1 / 16, 1 / 4, 1.0)
 #: Partial splits a pass expands before the best splits found are improved by moving layers.
-LONG_PASS = 5_000
+LONG_PASS = 2_000
 #: Fewest nodes in a chunk of the walk.
 MIN_CHUNK = 64
 
@@ -211,7 +211,9 @@ def search(B: Bounds, top: int, max_bytes: int | None, first: tuple | None = Non
         return [least + (found.tau - least) * f for f in PASSES]
 
     cuts = passes()
-    chunk = max(MIN_CHUNK, (max_bytes or DEFAULT_BYTES) // (T.width * (120 + 8 * p)) // (2 * p + 2))
+    # a child's state: 7 numbers and 4 per open chain; its edge to its parent and its path count
+    child = 8 * (7 + 4 * CHAINS) + 32
+    chunk = max(MIN_CHUNK, (max_bytes or DEFAULT_BYTES) // (T.width * child) // (2 * p + 2))
     expanded, budget, i = 0, LONG_PASS, 0
     while i < len(cuts):
         expanded, complete = _pass(B, found, cuts[i], chunk, expanded, budget)
@@ -275,6 +277,8 @@ def _pass(B: Bounds, found: _Found, limit: float, chunk: int, expanded: int,
         if s == p - 1:
             for splits in groups.complete(st, parent[order], j[order], chunk * B.T.width):
                 t, fl, fh = B.times(splits)
+                keep = split_bounds(t, fl, fh, B.m, chains=False) <= cut  # the quick bound first
+                splits, t, fl, fh = splits[keep], t[keep], fl[keep], fh[keep]
                 found.add(splits[split_bounds(t, fl, fh, B.m) <= cut], B)
             report("simulated splits", expanded, expanded + len(stack))
             continue
