@@ -25,7 +25,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ._orders import check_ops, check_schedule, levels, order, sequence
+from ._orders import _key, check_ops, check_schedule, levels, order, sequence
 #: Bytes of operation end times the batched simulator holds at once (pipelines are cut into chunks).
 BATCH_BYTES = 32 * 2**20
 
@@ -161,14 +161,31 @@ def _iteration_times(forward: Any, backward: Any, micro_batches: Any, schedule: 
     micro_batches = int(micro_batches)
     if batch == 0:
         return np.zeros(0)
-    seq = sequence(schedule, p, v, micro_batches, group)
-    waves = levels(schedule, p, v, micro_batches, group)
-    n = len(seq.stage)
+    n, plan = _wave_plan(*_key(schedule, p, v, micro_batches, group))
     step = max(1, BATCH_BYTES // (8 * (n + 1)))
     out = np.empty(batch)
     for lo in range(0, batch, step):
-        out[lo:lo + step] = _run_waves(seq, waves, fwd[lo:lo + step], bwd[lo:lo + step], float(p2p))
+        out[lo:lo + step] = _run_waves(n, plan, fwd[lo:lo + step], bwd[lo:lo + step], float(p2p))
     return out
+
+
+@lru_cache(maxsize=64)
+def _wave_plan(schedule: str, p: int, v: int, m: int, group: int | None) -> tuple[int, tuple]:
+    """The operation count and, per wave of :func:`levels`, its operations, the operations
+    they wait for and follow on their stage (``n``: none, the row of 0.0), the row of each
+    one's duration in a ``[kind * P * v + stage * v + chunk, batch]`` table, and its
+    operations whose input crosses virtual stages (None when none do)."""
+    seq, waves = sequence(schedule, p, v, m, group), levels(schedule, p, v, m, group)
+    n = len(seq.stage)
+    prev = np.where(seq.prev >= 0, seq.prev, n)
+    dep = np.where(seq.dep >= 0, seq.dep, n)
+    row = (seq.kind * p + seq.stage) * v + seq.chunk
+    plan = []
+    for w in range(len(waves.bounds) - 1):
+        ops = waves.order[waves.bounds[w]:waves.bounds[w + 1]]
+        cross = seq.cross[ops]
+        plan.append((ops, dep[ops], prev[ops], row[ops], cross if cross.any() else None))
+    return n, tuple(plan)
 
 
 def _times(values: Any, name: str, strict: bool = True) -> np.ndarray:
@@ -192,22 +209,14 @@ def _check_p2p(p2p: Any) -> None:
         raise ValueError(f"p2p must be a finite time >= 0, got {p2p!r}")
 
 
-def _run_waves(seq: Any, waves: Any, fwd: np.ndarray, bwd: np.ndarray, p2p: float) -> np.ndarray:
-    n = len(seq.stage)
-    durations = np.stack((fwd, bwd)).transpose(0, 2, 3, 1)  # [kind, stage, chunk, B]
+def _run_waves(n: int, plan: tuple, fwd: np.ndarray, bwd: np.ndarray, p2p: float) -> np.ndarray:
+    durations = np.stack((fwd, bwd)).transpose(0, 2, 3, 1).reshape(-1, fwd.shape[0])  # [kind, stage, chunk] x B
     ends = np.zeros((n + 1, fwd.shape[0]))  # row n: the 0.0 of "no operation before"
-    prev = np.where(seq.prev >= 0, seq.prev, n)
-    dep = np.where(seq.dep >= 0, seq.dep, n)
-    order_, bounds = waves.order, waves.bounds.tolist()
-    for w in range(len(bounds) - 1):
-        ops = order_[bounds[w]:bounds[w + 1]]
-        ready = ends[dep[ops]]
-        if p2p:
-            cross = seq.cross[ops]
-            if cross.any():
-                ready[cross] += p2p
-        start = np.maximum(ends[prev[ops]], ready)
-        ends[ops] = start + durations[seq.kind[ops], seq.stage[ops], seq.chunk[ops]]
+    for ops, dep, prev, row, cross in plan:
+        ready = ends[dep]
+        if p2p and cross is not None:
+            ready[cross] += p2p
+        ends[ops] = np.maximum(ends[prev], ready) + durations[row]
     return ends[:n].max(axis=0)
 
 

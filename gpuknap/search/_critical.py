@@ -61,9 +61,11 @@ def stage_terms(s: int, stages: int, m: int, t: np.ndarray, f_low: np.ndarray, f
     return h0, h1, h2
 
 
-def split_bounds(t: np.ndarray, f_low: np.ndarray, f_high: np.ndarray, micro_batches: int) -> np.ndarray:
+def split_bounds(t: np.ndarray, f_low: np.ndarray, f_high: np.ndarray, micro_batches: int,
+                 chains: bool = True) -> np.ndarray:
     """The largest of every bound above for complete splits: ``t``, ``f_low``, ``f_high`` are
-    ``[N, P]`` stage times; returns ``[N]`` lower bounds on the simulated times."""
+    ``[N, P]`` stage times; returns ``[N]`` lower bounds on the simulated times.  Without
+    ``chains``, the "up again through m stages" paths are left out (a quicker, lower bound)."""
     n, p = t.shape
     m = micro_batches
     w, c, _ = caps(p, m)
@@ -72,15 +74,21 @@ def split_bounds(t: np.ndarray, f_low: np.ndarray, f_high: np.ndarray, micro_bat
     zero = np.zeros((n, 1))
     fmax = np.maximum.accumulate(np.concatenate((zero, f_low[:, :-1]), axis=1), axis=1)
     bmax = np.maximum.accumulate(np.concatenate((zero, (t - f_high)[:, :-1]), axis=1), axis=1)
-    out = np.full(n, -np.inf)
+    # stage_terms for every stage at once
+    a = np.maximum(m - w, 1)
+    bump_f = c * np.maximum(0.0, fmax - f_high)
+    bump_b = c * np.maximum(0.0, bmax - (t - f_low))
+    h0 = m * t + bump_f + bump_b
+    h1 = np.maximum(least(a, m, t, f_low, f_high) + bump_b, least(m, a, t, f_low, f_high) + bump_f)
+    h2 = np.where(m - w >= 2, (m - w) * t, -np.inf)
+    h1[:, p - 1], h2[:, p - 1] = -np.inf, -np.inf
+    out = np.maximum.reduce([pre + h0, pre + h1 + suf, pre + h2 + 2 * suf]).max(axis=1)
     for s in range(p):
-        h0, h1, h2 = stage_terms(s, p, m, t[:, s], f_low[:, s], f_high[:, s], fmax[:, s], bmax[:, s])
-        out = np.maximum.reduce([out, pre[:, s] + h0, pre[:, s] + h1 + suf[:, s], pre[:, s] + h2 + 2 * suf[:, s]])
-        if s < p - 1 and m - w[s] >= 2:  # over the top, then up again through the next m stages
-            bump = np.maximum(0.0, bmax[:, s] - (t[:, s] - f_low[:, s]))
-            run = np.zeros(n)
-            for k in range(1, int(w[s])):
-                run = run + t[:, s + k]
-                body = least(m - w[s], m - k, t[:, s], f_low[:, s], f_high[:, s])
-                out = np.maximum(out, pre[:, s] + body + suf[:, s] + run + (w[s] - k) * bump)
+        if chains and s < p - 1 and m - w[s] >= 2 and w[s] >= 2:  # over the top, then up again: k stages
+            bump = np.maximum(0.0, bmax[:, s:s + 1] - (t[:, s:s + 1] - f_low[:, s:s + 1]))
+            k = np.arange(1, int(w[s]))
+            run = np.cumsum(t[:, s + 1:s + int(w[s])], axis=1)  # [N, k]: t_{s+1} + ... + t_{s+k}
+            body = least(m - w[s], m - k, t[:, s:s + 1], f_low[:, s:s + 1], f_high[:, s:s + 1])
+            chain = pre[:, s:s + 1] + body + suf[:, s:s + 1] + run + (w[s] - k) * bump
+            out = np.maximum(out, chain.max(axis=1))
     return out

@@ -20,11 +20,22 @@ from ._critical import stage_terms
 from ._segments import SegmentTable
 
 #: Open "up again through m stages" terms a partial split keeps.
-CHAINS = 8
+CHAINS = 4
 #: Points of the grid of "largest backward time placed" for the remaining stages' bound.
 GRID = 48
 #: Points of that grid at first (a search that runs long refines it to ``GRID``).
 FIRST_GRID = 6
+
+
+def _distinct(values: np.ndarray) -> np.ndarray:
+    """The least of each run of values that differ only by rounding (the same backward time
+    summed at other positions), ascending: a grid point at the least of a run bounds every
+    value of the run from below."""
+    values = np.unique(values)
+    if len(values) < 2:
+        return values
+    new = np.concatenate(([True], values[1:] > values[:-1] + 1e-9 * np.abs(values[:-1]) + 1e-12))
+    return values[new]
 
 
 class Bounds:
@@ -37,20 +48,27 @@ class Bounds:
         self.fh = T.pull(forward_high, 0.0) - forward_high[:, None]
         self.refine(FIRST_GRID)
 
-    def refine(self, points: int) -> None:
-        """Keep the remaining stages' bound for a grid of ``points`` values (and 0)."""
+    def refine(self, points: int, splits: np.ndarray | None = None) -> None:
+        """Keep the remaining stages' bound for a grid of ``points`` values (and 0), and the
+        "largest backward time placed" of every prefix of ``splits`` (complete splits)."""
         self.grid = self._grid(points)
+        if splits is not None and len(splits):
+            t, _, fh = self.times(splits)
+            running = np.maximum.accumulate(t - fh, axis=1)
+            self.grid = _distinct(np.concatenate((self.grid, running[np.isfinite(running)])))
         self._programs()
 
     def _grid(self, points: int) -> np.ndarray:
         """The values of "largest backward time placed" the remaining stages' bound is kept for:
         the backward times of the segments no longer than twice an even share of the layers'
-        fastest time (the ones splits near the best use), at most ``points`` of them, and 0."""
+        fastest time (the ones splits near the best use), at most ``points`` of them, and 0.
+        A partial split's value is rounded down to the grid (a lower bound), so a value that
+        partial splits near the best hold exactly bounds them best."""
         T = self.T
         back = T.band - self.fh[None]
         finite = np.isfinite(back)
         short = finite & (T.band <= 2.0 * self._share())
-        values = np.unique(back[short if short.any() else finite])
+        values = _distinct(back[short if short.any() else finite])
         if len(values) > points:
             values = values[np.linspace(0, len(values) - 1, points).round().astype(np.int64)]
         return np.unique(np.concatenate(([0.0], values)))
@@ -70,21 +88,27 @@ class Bounds:
         rest[p, T.n1 - 1] = 0.0
         for s in range(p - 1, -1, -1):
             rest[s] = (T.band[s] + T.pull(rest[s + 1], math.inf)).min(axis=1)
-        worst = np.full((len(self.grid), p + 1, T.n1), math.inf)
+        reach = np.zeros((p + 1, T.n1), dtype=bool)  # the first layers stage s can start at
+        reach[0, 0] = True
+        for s in range(p):
+            a = np.flatnonzero(reach[s])
+            reach[s + 1, T.ends[a][np.isfinite(T.band[s][a]) & T.valid[a]]] = True
+        worst = np.full((len(self.grid), p + 1, T.n1), math.inf)  # inf where no partial split starts
         worst[:, p, T.n1 - 1] = -math.inf
         q = self.grid[:, None, None]
         for s in range(p - 1, -1, -1):
-            t = T.band[s]
-            after = T.pull(rest[s + 1], math.inf)
+            a = np.flatnonzero(reach[s] & np.isfinite(rest[s]))
+            t, fl, fh, ends, valid = T.band[s][a], self.fl[a], self.fh[a], T.ends[a], T.valid[a]
+            after = np.where(valid, rest[s + 1][ends], math.inf)
             dead = ~np.isfinite(t) | ~np.isfinite(after)
             with np.errstate(invalid="ignore"):
-                h0, h1, h2 = stage_terms(s, p, self.m, t, self.fl, self.fh, 0.0, q)
+                h0, h1, h2 = stage_terms(s, p, self.m, t, fl, fh, 0.0, q)
                 # the later stages see this stage's backward time among the largest before them
-                lifted = np.searchsorted(self.grid, np.maximum(q, (t - self.fh)[None]), side="right") - 1
-                later = np.where(T.valid[None], worst[lifted, s + 1, T.ends[None]], math.inf)
+                lifted = np.searchsorted(self.grid, np.maximum(q, (t - fh)[None]), side="right") - 1
+                later = np.where(valid[None], worst[lifted, s + 1, ends[None]], math.inf)
                 value = np.maximum(np.maximum(t + later, h0), np.maximum(h1 + after, h2 + 2 * after))
                 value[:, dead] = math.inf
-                worst[:, s] = value.min(axis=2)
+                worst[:, s, a] = value.min(axis=2)
         self.rest, self.worst = rest, worst
 
     def start(self) -> dict:
@@ -92,6 +116,39 @@ class Bounds:
         return {"a": np.zeros(1, dtype=np.int64), "pre": zero, "fmax": zero, "bmax": zero, "h0": zero - math.inf,
                 "h1": zero - math.inf, "h2": zero - math.inf, "zb": none, "zr": none, "zc": np.zeros((1, CHAINS)),
                 "zl": np.zeros((1, CHAINS), dtype=np.int64), "counts": np.zeros((1, 0), dtype=np.int32)}
+
+    #: The fields of a partial split's state that :meth:`expand` reads (with the stage placed next).
+    STATE = ("a", "pre", "fmax", "bmax", "h0", "h1", "h2", "zb", "zr", "zc", "zl")
+
+    @staticmethod
+    def order(st: dict) -> tuple[np.ndarray, np.ndarray]:
+        """Rows ``(same, lower)`` per partial split of ``st`` (all with the same stages placed)
+        such that where A's ``same`` row equals B's and A's ``lower`` row is at most B's in
+        every column, :meth:`expand` gives A's every child a bound at most that of B's child
+        on the same layers, and A's child and B's child are in the same relation again.
+
+        ``same``: the layer reached and the open chains' remaining lengths ``zl``;
+        ``lower``: the stage times summed, the largest forward and backward times, the
+        largest terms ``h0, h1, h2``, and per chain ``zb``, ``zr`` and ``zr - zl zc``.
+
+        Why: with the same layer reached, the next stage's time ``t`` and forward range are
+        the same; its terms grow with the largest forward and backward times before it
+        (the bumps); each new field is a sum or maximum of fields and these terms, so it
+        keeps the order, and so does the bound (the sums and maxima of the fields, and
+        the remaining stages' bound, looked up at the largest backward time rounded down
+        to the grid, which grows with it: a larger value placed makes every later bump
+        larger).  A chain's value ``i`` stages on is ``zr + 2 (t_1 + ... + t_i) - i zc``
+        for ``i <= zl``: linear in i, so at most B's for every such i when it is at both
+        ends (``zr`` and ``zr - zl zc``); one stage on, the same holds for ``zl - 1``.  A
+        chain opened by the stage placed starts at ``pre + (m - w) t + w c`` with
+        ``c`` growing with the largest backward time, and its ends ``i = 0`` and
+        ``i = w - 1`` grow with ``pre`` and ``c``, so the new chains keep the order too."""
+        n = len(st["a"])
+        same = np.concatenate((st["a"].reshape(n, 1).astype(np.float64), st["zl"].reshape(n, -1)), axis=1)
+        ends = st["zr"] - st["zl"] * st["zc"]
+        lower = np.concatenate([st[k].reshape(n, -1) for k in ("pre", "fmax", "bmax", "h0", "h1", "h2", "zb", "zr")]
+                               + [ends.reshape(n, -1)], axis=1)
+        return same, lower
 
     def expand(self, s: int, st: dict) -> tuple[np.ndarray, dict]:
         """Every child of the partial splits ``st`` (stages 0..s-1 placed) taking stage s:

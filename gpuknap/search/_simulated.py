@@ -23,8 +23,11 @@ leaves:
    complete splits get the full bounds, then are simulated in batches, and the
    k-th best falls as better splits turn up.  A pass that finds k splits within
    its cut ends the search.  A pass that runs long is stopped once to move layers
-   between any two stages of the best splits and refine the bounds.  The
-   chunks are sized to ``max_bytes``.
+   between any two stages of the best splits and refine the bounds; the passes
+   then start again, their cuts drawn to the k-th best found now.  The chunks are
+   sized to ``max_bytes``.  Partial splits that reach one state, or a state that
+   another's bounds from below, share one node of the walk (:mod:`._groups`,
+   where the argument is).
 4. The splits left are simulated with each stage's times from its plan and
    ranked by the rule every score shares (:func:`._ties.tie_key`).
 
@@ -41,8 +44,9 @@ import numpy as np
 
 from ..engine import report
 from ..schedule import iteration_times
+from . import _groups as groups
 from ._critical import split_bounds
-from ._partial import GRID, Bounds
+from ._partial import CHAINS, GRID, Bounds
 from ._segments import SegmentTable
 from ._ties import tie_key
 
@@ -57,7 +61,9 @@ DEFAULT_BYTES = 64 * 2**20
 #: Cuts of the search's passes, as fractions of the way from the least bound to the k-th best.
 PASSES = (1 / 64, 1 / 16, 1 / 4, 1.0)
 #: Partial splits a pass expands before the best splits found are improved by moving layers.
-LONG_PASS = 20_000
+LONG_PASS = 2_000
+#: Fewest nodes in a chunk of the walk.
+MIN_CHUNK = 64
 
 
 def _kth(values: np.ndarray, k: int) -> float:
@@ -100,10 +106,16 @@ def _improve(B: Bounds, split: np.ndarray, value: float, rounds: int = 200) -> t
 
 def _better(B: Bounds, rows: np.ndarray, value: float) -> tuple[np.ndarray, float] | None:
     """The split of ``rows`` (stages of at least one layer, within the table, every stage
-    finite) that simulates fastest, with its time, if that is below ``value``; else None."""
+    finite) that simulates fastest, with its time, if that is below ``value``; else None.
+    Rows whose quick lower bound is already at ``value`` are not simulated (the answer is
+    the same: their simulated times are at least ``value``)."""
     rows = rows[(rows >= 1).all(axis=1) & (rows <= B.T.width).all(axis=1)]
     if len(rows):
-        rows = rows[np.isfinite(B.times(rows)[0]).all(axis=1)]
+        t, fl, fh = B.times(rows)
+        keep = np.isfinite(t).all(axis=1)
+        rows, t, fl, fh = rows[keep], t[keep], fl[keep], fh[keep]
+        if len(rows) > 256:  # (on fewer rows the filter costs more than it saves)
+            rows = rows[split_bounds(t, fl, fh, B.m, chains=False) < value]
     if not len(rows):
         return None
     _, high = B.simulate(rows)
@@ -162,6 +174,12 @@ class _Found:
             self.parts = [(x[keep], lo[keep], hi[keep]) for x, lo, hi in self.parts
                           for keep in [lo <= self.tau * (1 + SLACK)] if keep.any()]
 
+    def best(self, count: int = 8) -> np.ndarray:
+        """The ``count`` splits simulated fastest so far (by their high time)."""
+        splits = np.concatenate([part[0] for part in self.parts])
+        high = np.concatenate([part[2] for part in self.parts])
+        return splits[np.argsort(high, kind="stable")[:count]]
+
     def candidates(self, p: int) -> np.ndarray:
         if not self.parts:
             return np.zeros((0, p), dtype=np.int64)
@@ -184,22 +202,30 @@ def search(B: Bounds, top: int, max_bytes: int | None, first: tuple | None = Non
     T, p = B.T, B.T.p
     pool, low, high = first if first is not None else first_bound(B, top)
     found = _Found(top, pool, low, high)
-    cuts = [math.inf]
-    if math.isfinite(found.tau):
-        floor = min(float(B.expand(0, B.start())[0].min()), found.tau)  # below every split's bound
-        cuts = [floor + (found.tau - floor) * f for f in PASSES]
-    chunk = max(64, (max_bytes or DEFAULT_BYTES) // (T.width * (120 + 8 * p)) // (2 * p + 2))
-    expanded, budget = 0, LONG_PASS
-    for limit in cuts:
-        while True:
-            expanded, complete = _pass(B, found, limit, chunk, expanded, budget)
-            if complete:
-                break
+    floor = float(B.expand(0, B.start())[0].min())  # below every split's bound
+
+    def passes() -> list:
+        if not math.isfinite(found.tau):
+            return [math.inf]
+        least = min(floor, found.tau)
+        return [least + (found.tau - least) * f for f in PASSES]
+
+    cuts = passes()
+    # a child's state: 7 numbers and 4 per open chain; its edge to its parent and its path count
+    child = 8 * (7 + 4 * CHAINS) + 32
+    chunk = max(MIN_CHUNK, (max_bytes or DEFAULT_BYTES) // (T.width * child) // (2 * p + 2))
+    expanded, budget, i = 0, LONG_PASS, 0
+    while i < len(cuts):
+        expanded, complete = _pass(B, found, cuts[i], chunk, expanded, budget)
+        if not complete:
             budget = None  # once: moves between any two stages, a finer grid; then the pass runs to its end
             found.add(_transfers(B, found), B)
-            B.refine(GRID)
-        if found.tau <= limit * (1 + SLACK):
+            B.refine(GRID, found.best())
+            cuts = passes()  # the same fractions of the shorter way to the k-th best found now
+            continue
+        if found.tau <= cuts[i] * (1 + SLACK):
             break
+        i += 1
     return found.candidates(p)
 
 
@@ -232,7 +258,7 @@ def _pass(B: Bounds, found: _Found, limit: float, chunk: int, expanded: int,
     child whose bound is above ``limit`` or the k-th best found: ``(count expanded, whether the
     pass ended)`` (it stops after ``budget`` expansions when one is given)."""
     p = B.T.p
-    stack = [(0, B.start())]
+    stack = [(0, groups.start(B.start()))]
     start = expanded
     while stack:
         if budget is not None and expanded - start > budget:
@@ -248,15 +274,16 @@ def _pass(B: Bounds, found: _Found, limit: float, chunk: int, expanded: int,
         if not len(parent):
             continue
         order = np.lexsort((j, parent, bound[parent, j]))
-        children = B.take(st, new, parent[order], j[order])
         if s == p - 1:
-            splits = children["counts"].astype(np.int64)
-            t, fl, fh = B.times(splits)
-            found.add(splits[split_bounds(t, fl, fh, B.m) <= cut], B)
+            for splits in groups.complete(st, parent[order], j[order], chunk * B.T.width):
+                t, fl, fh = B.times(splits)
+                keep = split_bounds(t, fl, fh, B.m, chains=False) <= cut  # the quick bound first
+                splits, t, fl, fh = splits[keep], t[keep], fl[keep], fh[keep]
+                found.add(splits[split_bounds(t, fl, fh, B.m) <= cut], B)
             report("simulated splits", expanded, expanded + len(stack))
             continue
-        for lo in reversed(range(0, len(order), chunk)):  # the best chunk is taken first
-            stack.append((s + 1, {k: v[lo:lo + chunk] for k, v in children.items()}))
+        children = groups.children(st, new, parent[order], j[order], B)
+        stack.extend((s + 1, part) for part in reversed(groups.split(children, chunk)))  # the best first
     return expanded, True
 
 
