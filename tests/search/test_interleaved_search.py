@@ -179,25 +179,31 @@ def test_tuple_plans_equal_the_loops_they_replace(seed):
     """plan_tuples enumerates tuples and bounds them with arrays: the same tuples, pruning
     flag and problems (the ones model.stages poses at real positions) as plain loops."""
     from gpuknap.engine import FrontTable
-    from gpuknap.search import fastest_prefix, kind_index
-    from gpuknap.search._interleaved import plan_tuples
 
     rng = random.Random(300 + seed)
     p, v = rng.randint(2, 3), rng.randint(2, 3)
     model = shape_model(rng, rng.randint(p * v, 16), p, tight=seed % 2 == 0)
     if model.micro_batches % p:
         model = PipelineModel(model.kinds, model.fronts, model.static, model.capacity, p * 2, model.reserved)
-    fronts = FrontTable(model.fronts, 1)
+    assert plans_match_loops(rng, model, p, v, FrontTable(model.fronts, 1), (1, 2))
+
+
+def plans_match_loops(rng, model, p, v, fronts, shares):
+    """plan_tuples against plan_by_loops at no limit and at ``F / (p * share)`` for each share,
+    every key's problem and verdict checked (:func:`check_stage_rows`); the keys checked."""
+    from gpuknap.search import fastest_prefix, kind_index
+    from gpuknap.search._interleaved import plan_tuples
+
     fastest = fastest_prefix(model, fronts, kind_index(model), 1)
     table = model.in_flight_table(p, v)
     checked = 0
-    for limit in (math.inf, float(fastest[-1]) / p, float(fastest[-1]) / (2 * p)):
+    for limit in (math.inf, *(float(fastest[-1]) / (p * share) for share in shares)):
         most = rng.randint(v, model.layers)
         plan = plan_tuples(model, p, v, table, fronts, limit, fastest, most)
         keys, posed, pruned = plan_by_loops(model, p, v, table, limit, fastest, most)
         assert plan.pruned == pruned and plan.keys == keys
         checked += check_stage_rows(model, p, v, table, fronts, plan, posed)
-    assert checked
+    return checked
 
 
 def check_stage_rows(model, p, v, table, fronts, plan, posed):

@@ -9,7 +9,7 @@ import random
 
 import numpy as np
 import pytest
-from test_interleaved_search import check_stage_rows, plan_by_loops
+from test_interleaved_search import plans_match_loops
 
 from gpuknap import LayerOption, PipelineModel
 from gpuknap.engine import FrontTable, kept_bytes
@@ -40,17 +40,7 @@ def test_stage_rows_equal_the_problems_posed_one_split_at_a_time(seed):
     p, v = rng.randint(2, 3), rng.randint(2, 3)
     scale = (1.0, 1e9, 3e18)[seed % 3]  # the last: sums beyond 64 bits once scaled
     model = odd_model(rng, p, v, scale, (None, "head", "tail")[seed // 3 % 3])
-    fronts = FrontTable(model.fronts, scale / 64, relaxed=seed % 2 == 1)
-    fastest = fastest_prefix(model, fronts, kind_index(model), 1)
-    table = model.in_flight_table(p, v)
-    checked = 0
-    for limit in (math.inf, float(fastest[-1]) / p):
-        most = rng.randint(v, model.layers)
-        plan = plan_tuples(model, p, v, table, fronts, limit, fastest, most)
-        keys, posed, pruned = plan_by_loops(model, p, v, table, limit, fastest, most)
-        assert plan.pruned == pruned and plan.keys == keys
-        checked += check_stage_rows(model, p, v, table, fronts, plan, posed)
-    assert checked
+    assert plans_match_loops(rng, model, p, v, FrontTable(model.fronts, scale / 64, relaxed=seed % 2 == 1), (1,))
 
 
 @pytest.mark.parametrize("seed", range(8))
