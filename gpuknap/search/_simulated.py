@@ -24,7 +24,9 @@ leaves:
    k-th best falls as better splits turn up.  A pass that finds k splits within
    its cut ends the search.  A pass that runs long is stopped once to move layers
    between any two stages of the best splits and refine the bounds; the passes
-   then start again, their cuts drawn to the k-th best found now.  The chunks are
+   then start again, their cuts drawn to the k-th best found now; a pass that ends
+   after expanding many (``EARLY_PASS``) is followed by the same at once (the next,
+   with a larger cut, would run long).  The chunks are
    sized to ``max_bytes``.  Partial splits that reach one state, or a state that
    another's bounds from below, share one node of the walk (:mod:`._groups`,
    where the argument is).
@@ -62,6 +64,9 @@ DEFAULT_BYTES = 64 * 2**20
 PASSES = (1 / 64, 1 / 16, 1 / 4, 1.0)
 #: Partial splits a pass expands before the best splits found are improved by moving layers.
 LONG_PASS = 2_000
+#: Partial splits a pass that ends may expand before the best splits are improved right after it
+#: (the next pass, with a larger cut, would run long: the cost of a pass grows steeply with its cut).
+EARLY_PASS = LONG_PASS // 4
 #: Fewest nodes in a chunk of the walk.
 MIN_CHUNK = 64
 
@@ -201,7 +206,9 @@ def search(B: Bounds, top: int, max_bytes: int | None, first: tuple | None = Non
     every split that could beat them, so the search ends there (the cost of a pass grows
     steeply with its cut).  A pass that runs long is stopped once to move layers between
     any two stages of the best splits found (a better k-th best cuts more) and to refine
-    the grid of the remaining stages' bound, then resumed."""
+    the grid of the remaining stages' bound, then resumed; a pass that ends after
+    expanding over ``EARLY_PASS`` partial splits is followed by the same before the next
+    starts (those moves only lower the k-th best: every cut stays valid)."""
     T, p = B.T, B.T.p
     pool, low, high = first if first is not None else first_bound(B, top)
     found = _Found(top, pool, low, high)
@@ -218,18 +225,26 @@ def search(B: Bounds, top: int, max_bytes: int | None, first: tuple | None = Non
     child = 8 * (7 + 4 * CHAINS) + 32
     chunk = max(MIN_CHUNK, (max_bytes or DEFAULT_BYTES) // (T.width * child) // (2 * p + 2))
     expanded, budget, i = 0, LONG_PASS, 0
+
+    def improve() -> list:
+        reached, times = _transfers(B, found)
+        found.add(reached, B, times)
+        B.refine(GRID, found.best())
+        return passes()  # the same fractions of the shorter way to the k-th best found now
+
     while i < len(cuts):
+        before = expanded
         expanded, complete = _pass(B, found, cuts[i], chunk, expanded, budget)
         if not complete:
             budget = None  # once: moves between any two stages, a finer grid; then the pass runs to its end
-            reached, times = _transfers(B, found)
-            found.add(reached, B, times)
-            B.refine(GRID, found.best())
-            cuts = passes()  # the same fractions of the shorter way to the k-th best found now
+            cuts = improve()
             continue
         if found.tau <= cuts[i] * (1 + SLACK):
             break
         i += 1
+        if budget is not None and expanded - before > EARLY_PASS and i < len(cuts):
+            budget = None  # the same, before a pass that would run long starts
+            cuts = improve()
     return found.candidates(p)
 
 
