@@ -171,20 +171,24 @@ def _iteration_times(forward: Any, backward: Any, micro_batches: Any, schedule: 
 
 @lru_cache(maxsize=64)
 def _wave_plan(schedule: str, p: int, v: int, m: int, group: int | None) -> tuple[int, tuple]:
-    """The operation count and, per wave of :func:`levels`, its operations, the operations
-    they wait for and follow on their stage (``n``: none, the row of 0.0), the row of each
-    one's duration in a ``[kind * P * v + stage * v + chunk, batch]`` table, and its
-    operations whose input crosses virtual stages (None when none do)."""
+    """The operation count and, per wave of :func:`levels`, its operations (a range:
+    operations are numbered in wave order), the operations they wait for and follow on
+    their stage (``n``: none, the row of 0.0), the row of each one's duration in a
+    ``[kind * P * v + stage * v + chunk, batch]`` table, and its operations whose input
+    crosses virtual stages (None when none do)."""
     seq, waves = sequence(schedule, p, v, m, group), levels(schedule, p, v, m, group)
     n = len(seq.stage)
-    prev = np.where(seq.prev >= 0, seq.prev, n)
-    dep = np.where(seq.dep >= 0, seq.dep, n)
+    at = np.empty(n + 1, dtype=np.int64)  # each operation's number in wave order; n stays n
+    at[waves.order], at[n] = np.arange(n), n
+    prev = at[np.where(seq.prev >= 0, seq.prev, n)]
+    dep = at[np.where(seq.dep >= 0, seq.dep, n)]
     row = (seq.kind * p + seq.stage) * v + seq.chunk
     plan = []
     for w in range(len(waves.bounds) - 1):
-        ops = waves.order[waves.bounds[w]:waves.bounds[w + 1]]
+        lo, hi = int(waves.bounds[w]), int(waves.bounds[w + 1])
+        ops = waves.order[lo:hi]
         cross = seq.cross[ops]
-        plan.append((ops, dep[ops], prev[ops], row[ops], cross if cross.any() else None))
+        plan.append((lo, hi, dep[ops], prev[ops], row[ops], cross if cross.any() else None))
     return n, tuple(plan)
 
 
@@ -212,11 +216,13 @@ def _check_p2p(p2p: Any) -> None:
 def _run_waves(n: int, plan: tuple, fwd: np.ndarray, bwd: np.ndarray, p2p: float) -> np.ndarray:
     durations = np.stack((fwd, bwd)).transpose(0, 2, 3, 1).reshape(-1, fwd.shape[0])  # [kind, stage, chunk] x B
     ends = np.zeros((n + 1, fwd.shape[0]))  # row n: the 0.0 of "no operation before"
-    for ops, dep, prev, row, cross in plan:
+    for lo, hi, dep, prev, row, cross in plan:
         ready = ends[dep]
         if p2p and cross is not None:
             ready[cross] += p2p
-        ends[ops] = np.maximum(ends[prev], ready) + durations[row]
+        np.maximum(ends[prev], ready, out=ready)
+        ready += durations[row]
+        ends[lo:hi] = ready
     return ends[:n].max(axis=0)
 
 

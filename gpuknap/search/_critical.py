@@ -44,6 +44,23 @@ def least(alpha: float | np.ndarray, beta: float | np.ndarray, t: np.ndarray, f_
     return np.where(alpha >= beta, beta * t + (alpha - beta) * f_low, alpha * t + (beta - alpha) * (t - f_high))
 
 
+def _least(alpha: int | np.ndarray, beta: int | np.ndarray, t: np.ndarray, f_low: np.ndarray,
+           f_high: np.ndarray) -> np.ndarray:
+    """:func:`least` on ``[N, P]`` times, ``alpha`` and ``beta`` per column or one for all:
+    only each column's own branch is computed (the same values, in less time)."""
+    alpha, beta = np.broadcast_to(alpha, t.shape[1:]), np.broadcast_to(beta, t.shape[1:])
+    up = alpha >= beta
+    if up.all():
+        return beta * t + (alpha - beta) * f_low
+    if not up.any():
+        return alpha * t + (beta - alpha) * (t - f_high)
+    out = np.empty(t.shape)
+    out[:, up] = beta[up] * t[:, up] + (alpha - beta)[up] * f_low[:, up]
+    down = ~up
+    out[:, down] = alpha[down] * t[:, down] + (beta - alpha)[down] * (t[:, down] - f_high[:, down])
+    return out
+
+
 def stage_terms(s: int, stages: int, m: int, t: np.ndarray, f_low: np.ndarray, f_high: np.ndarray,
                 forward_max: np.ndarray | float, backward_max: np.ndarray | float) -> tuple:
     """Stage s's terms of the bounds, grouped by what multiplies ``Suf_s`` (0, 1, 2), without
@@ -69,20 +86,43 @@ def split_bounds(t: np.ndarray, f_low: np.ndarray, f_high: np.ndarray, micro_bat
     n, p = t.shape
     m = micro_batches
     w, c, _ = caps(p, m)
-    pre = np.cumsum(t, axis=1) - t
-    suf = t.sum(axis=1, keepdims=True) - pre - t
+    pre = np.cumsum(t, axis=1)
+    pre -= t
+    suf = t.sum(axis=1, keepdims=True) - pre
+    suf -= t
     zero = np.zeros((n, 1))
     fmax = np.maximum.accumulate(np.concatenate((zero, f_low[:, :-1]), axis=1), axis=1)
-    bmax = np.maximum.accumulate(np.concatenate((zero, (t - f_high)[:, :-1]), axis=1), axis=1)
-    # stage_terms for every stage at once
+    back = t - f_high  # the least backward time
+    bmax = np.maximum.accumulate(np.concatenate((zero, back[:, :-1]), axis=1), axis=1)
+    # stage_terms for every stage at once (in place: the same operations in the same order)
     a = np.maximum(m - w, 1)
-    bump_f = c * np.maximum(0.0, fmax - f_high)
-    bump_b = c * np.maximum(0.0, bmax - (t - f_low))
-    h0 = m * t + bump_f + bump_b
-    h1 = np.maximum(least(a, m, t, f_low, f_high) + bump_b, least(m, a, t, f_low, f_high) + bump_f)
-    h2 = np.where(m - w >= 2, (m - w) * t, -np.inf)
-    h1[:, p - 1], h2[:, p - 1] = -np.inf, -np.inf
-    out = np.maximum.reduce([pre + h0, pre + h1 + suf, pre + h2 + 2 * suf]).max(axis=1)
+    bump_f = fmax - f_high
+    np.maximum(0.0, bump_f, out=bump_f)
+    bump_f *= c
+    bump_b = t - f_low
+    np.subtract(bmax, bump_b, out=bump_b)
+    np.maximum(0.0, bump_b, out=bump_b)
+    bump_b *= c
+    out = m * t
+    out += bump_f
+    out += bump_b
+    np.add(pre, out, out=out)  # h0
+    q, two = p - 1, max(0, p + 1 - m)  # h1 on stages before the last; h2 where m - w >= 2: stages two..p-2
+    if q > 0:
+        x = _least(a[:q], m, t[:, :q], f_low[:, :q], f_high[:, :q])
+        x += bump_b[:, :q]
+        y = _least(m, a[:q], t[:, :q], f_low[:, :q], f_high[:, :q])
+        y += bump_f[:, :q]
+        np.maximum(x, y, out=x)
+        np.add(pre[:, :q], x, out=x)
+        x += suf[:, :q]
+        np.maximum(out[:, :q], x, out=out[:, :q])
+    if two < q:
+        x = (m - w[two:q]) * t[:, two:q]
+        np.add(pre[:, two:q], x, out=x)
+        x += 2 * suf[:, two:q]
+        np.maximum(out[:, two:q], x, out=out[:, two:q])
+    out = out.max(axis=1)
     for s in range(p):
         if chains and s < p - 1 and m - w[s] >= 2 and w[s] >= 2:  # over the top, then up again: k stages
             bump = np.maximum(0.0, bmax[:, s:s + 1] - (t[:, s:s + 1] - f_low[:, s:s + 1]))

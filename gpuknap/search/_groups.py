@@ -47,6 +47,8 @@ import numpy as np
 JOIN_PATHS = 256
 #: Nodes of a class every node of the class is compared with.
 LEADERS = 16
+#: Most bytes of leaders' rows gathered at once to compare nodes with.
+BELOW_BYTES = 2**20
 
 
 def start(st: dict) -> dict:
@@ -154,19 +156,17 @@ def _below(same: np.ndarray, lower: np.ndarray, leaders: int = LEADERS) -> np.nd
     sorted_cls = cls[order]
     start = np.searchsorted(sorted_cls, cls)  # in sorted order, the first of each node's class
     end = np.searchsorted(sorted_cls, cls, side="right")
-    hits = []
-    for r in range(leaders):
-        at = start + r
-        lead = order[np.minimum(at, n - 1)]
-        hits.append((lead, (at < end) & (lead != np.arange(n)) & (lower[lead] <= lower).all(axis=1)))
-    bounded = np.zeros(n, dtype=bool)
-    for _, hit in hits:
-        bounded |= hit
-    target = np.arange(n)
-    for lead, hit in reversed(hits):  # the first leader that is itself unbounded wins
-        take = hit & ~bounded[lead]
-        target[take] = lead[take]
-    return target
+    # [node, r]: the class's r-th leader, and whether it bounds the node (no class has more members)
+    at = start[:, None] + np.arange(min(leaders, int((end - start).max())))[None, :]
+    lead = order[np.minimum(at, n - 1)]
+    node = np.arange(n)
+    hit = (at < end[:, None]) & (lead != node[:, None])
+    step = max(1, BELOW_BYTES // (8 * lower.shape[1] * lead.shape[1]))  # nodes compared at once
+    for lo in range(0, n, step):
+        hit[lo:lo + step] &= (lower[lead[lo:lo + step]] <= lower[lo:lo + step, None, :]).all(axis=2)
+    take = hit & ~hit.any(axis=1)[lead]  # leaders that no leader bounds
+    first = take.argmax(axis=1)  # the first of them wins
+    return np.where(take[node, first], lead[node, first], node)
 
 
 def _same(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

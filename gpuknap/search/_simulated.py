@@ -24,7 +24,9 @@ leaves:
    k-th best falls as better splits turn up.  A pass that finds k splits within
    its cut ends the search.  A pass that runs long is stopped once to move layers
    between any two stages of the best splits and refine the bounds; the passes
-   then start again, their cuts drawn to the k-th best found now.  The chunks are
+   then start again, their cuts drawn to the k-th best found now; a pass that ends
+   after expanding many (``EARLY_PASS``) is followed by the same at once (the next,
+   with a larger cut, would run long).  The chunks are
    sized to ``max_bytes``.  Partial splits that reach one state, or a state that
    another's bounds from below, share one node of the walk (:mod:`._groups`,
    where the argument is).
@@ -62,6 +64,9 @@ DEFAULT_BYTES = 64 * 2**20
 PASSES = (1 / 64, 1 / 16, 1 / 4, 1.0)
 #: Partial splits a pass expands before the best splits found are improved by moving layers.
 LONG_PASS = 2_000
+#: Partial splits a pass that ends may expand before the best splits are improved right after it
+#: (the next pass, with a larger cut, would run long: the cost of a pass grows steeply with its cut).
+EARLY_PASS = LONG_PASS // 4
 #: Fewest nodes in a chunk of the walk.
 MIN_CHUNK = 64
 
@@ -83,8 +88,10 @@ def _beam(B: Bounds, width: int) -> np.ndarray:
     return st["counts"].astype(np.int64)
 
 
-def _improve(B: Bounds, split: np.ndarray, value: float, rounds: int = 200) -> tuple[np.ndarray, float]:
-    """Move one boundary by one layer while the simulated time falls."""
+def _improve(B: Bounds, split: np.ndarray, low: float, value: float,
+             rounds: int = 200) -> tuple[np.ndarray, float, float]:
+    """Move one boundary by one layer while the simulated time falls: the split reached with
+    its ``(low, high)`` times (``split``'s own are ``low``, ``value``)."""
     p = B.T.p
     for _ in range(rounds):
         moves = []
@@ -100,13 +107,14 @@ def _improve(B: Bounds, split: np.ndarray, value: float, rounds: int = 200) -> t
         step = _better(B, np.array(moves), value)
         if step is None:
             break
-        split, value = step
-    return split, value
+        split, low, value = step
+    return split, low, value
 
 
-def _better(B: Bounds, rows: np.ndarray, value: float) -> tuple[np.ndarray, float] | None:
+def _better(B: Bounds, rows: np.ndarray, value: float) -> tuple[np.ndarray, float, float] | None:
     """The split of ``rows`` (stages of at least one layer, within the table, every stage
-    finite) that simulates fastest, with its time, if that is below ``value``; else None.
+    finite) that simulates fastest, with its ``(low, high)`` times, if its high time is below
+    ``value``; else None.
     Rows whose quick lower bound is already at ``value`` are not simulated (the answer is
     the same: their simulated times are at least ``value``)."""
     rows = rows[(rows >= 1).all(axis=1) & (rows <= B.T.width).all(axis=1)]
@@ -118,9 +126,9 @@ def _better(B: Bounds, rows: np.ndarray, value: float) -> tuple[np.ndarray, floa
             rows = rows[split_bounds(t, fl, fh, B.m, chains=False) < value]
     if not len(rows):
         return None
-    _, high = B.simulate(rows)
+    low, high = B.simulate(rows)
     best = int(np.argmin(high))
-    return (rows[best], float(high[best])) if high[best] < value else None
+    return (rows[best], float(low[best]), float(high[best])) if high[best] < value else None
 
 
 def first_bound(B: Bounds, top: int, earlier: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -132,11 +140,10 @@ def first_bound(B: Bounds, top: int, earlier: np.ndarray | None = None) -> tuple
     if earlier is not None and len(earlier) >= top:
         low, high = B.simulate(earlier)
         best = int(np.argmin(high))
-        moved, _ = _improve(B, earlier[best].copy(), float(high[best]))
+        moved, lo, hi = _improve(B, earlier[best].copy(), float(low[best]), float(high[best]))
         if (earlier == moved).all(axis=1).any():
             return earlier, low, high
-        lo, hi = B.simulate(moved[None, :])
-        return np.vstack([earlier, moved[None, :]]), np.concatenate([low, lo]), np.concatenate([high, hi])
+        return np.vstack([earlier, moved[None, :]]), np.append(low, lo), np.append(high, hi)
     splits = _beam(B, max(BEAM, 2 * top))
     if not len(splits):
         return splits, np.empty(0), np.empty(0)
@@ -146,11 +153,10 @@ def first_bound(B: Bounds, top: int, earlier: np.ndarray | None = None) -> tuple
     splits = variants[np.isfinite(B.times(variants)[0]).all(axis=1)]
     low, high = B.simulate(splits)
     best = int(np.argmin(high))
-    moved, _ = _improve(B, splits[best].copy(), float(high[best]))
+    moved, lo, hi = _improve(B, splits[best].copy(), float(low[best]), float(high[best]))
     if not (splits == moved).all(axis=1).any():
         splits = np.vstack([splits, moved[None, :]])
-        lo, hi = B.simulate(moved[None, :])
-        low, high = np.concatenate([low, lo]), np.concatenate([high, hi])
+        low, high = np.append(low, lo), np.append(high, hi)
     return splits, low, high
 
 
@@ -162,12 +168,14 @@ class _Found:
         self.seen = set(map(tuple, splits.tolist()))
         self.tau = _kth(high, top)
 
-    def add(self, splits: np.ndarray, B: Bounds) -> None:
-        splits = splits[[row not in self.seen for row in map(tuple, splits.tolist())]]
+    def add(self, splits: np.ndarray, B: Bounds, times: tuple | None = None) -> None:
+        """Simulate ``splits`` not seen yet (``times``: their ``(low, high)`` times, if known)."""
+        new = np.array([row not in self.seen for row in map(tuple, splits.tolist())], dtype=bool)
+        splits = splits[new]
         if not len(splits):
             return
         self.seen.update(map(tuple, splits.tolist()))
-        low, high = B.simulate(splits)
+        low, high = B.simulate(splits) if times is None else (times[0][new], times[1][new])
         self.parts.append((splits, low, high))
         self.tau = min(self.tau, _kth(np.concatenate([part[2] for part in self.parts]), self.top))
         if math.isfinite(self.tau):  # drop the splits that can no longer be in the top
@@ -198,7 +206,9 @@ def search(B: Bounds, top: int, max_bytes: int | None, first: tuple | None = Non
     every split that could beat them, so the search ends there (the cost of a pass grows
     steeply with its cut).  A pass that runs long is stopped once to move layers between
     any two stages of the best splits found (a better k-th best cuts more) and to refine
-    the grid of the remaining stages' bound, then resumed."""
+    the grid of the remaining stages' bound, then resumed; a pass that ends after
+    expanding over ``EARLY_PASS`` partial splits is followed by the same before the next
+    starts (those moves only lower the k-th best: every cut stays valid)."""
     T, p = B.T, B.T.p
     pool, low, high = first if first is not None else first_bound(B, top)
     found = _Found(top, pool, low, high)
@@ -215,31 +225,40 @@ def search(B: Bounds, top: int, max_bytes: int | None, first: tuple | None = Non
     child = 8 * (7 + 4 * CHAINS) + 32
     chunk = max(MIN_CHUNK, (max_bytes or DEFAULT_BYTES) // (T.width * child) // (2 * p + 2))
     expanded, budget, i = 0, LONG_PASS, 0
+
+    def improve() -> list:
+        reached, times = _transfers(B, found)
+        found.add(reached, B, times)
+        B.refine(GRID, found.best())
+        return passes()  # the same fractions of the shorter way to the k-th best found now
+
     while i < len(cuts):
+        before = expanded
         expanded, complete = _pass(B, found, cuts[i], chunk, expanded, budget)
         if not complete:
             budget = None  # once: moves between any two stages, a finer grid; then the pass runs to its end
-            found.add(_transfers(B, found), B)
-            B.refine(GRID, found.best())
-            cuts = passes()  # the same fractions of the shorter way to the k-th best found now
+            cuts = improve()
             continue
         if found.tau <= cuts[i] * (1 + SLACK):
             break
         i += 1
+        if budget is not None and expanded - before > EARLY_PASS and i < len(cuts):
+            budget = None  # the same, before a pass that would run long starts
+            cuts = improve()
     return found.candidates(p)
 
 
-def _transfers(B: Bounds, found: _Found, rounds: int = 50) -> np.ndarray:
+def _transfers(B: Bounds, found: _Found, rounds: int = 50) -> tuple[np.ndarray, tuple]:
     """From the best split found, move one layer from any stage to any other while the
-    simulated time falls; every split reached."""
+    simulated time falls; every split reached, with their ``(low, high)`` times."""
     splits = np.concatenate([part[0] for part in found.parts])
     high = np.concatenate([part[2] for part in found.parts])
     if not len(splits):
-        return splits
+        return splits, (np.empty(0), np.empty(0))
     split, value = splits[int(np.argmin(high))].copy(), float(high.min())
     p = B.T.p
     give, take = np.nonzero(~np.eye(p, dtype=bool))
-    reached = []
+    reached, lows, highs = [], [], []
     for _ in range(rounds):
         rows = np.repeat(split[None, :], len(give), axis=0)
         rows[np.arange(len(give)), give] -= 1
@@ -247,9 +266,11 @@ def _transfers(B: Bounds, found: _Found, rounds: int = 50) -> np.ndarray:
         step = _better(B, rows, value)
         if step is None:
             break
-        split, value = step
+        split, low, value = step
         reached.append(split)
-    return np.array(reached, dtype=np.int64).reshape(-1, p)
+        lows.append(low)
+        highs.append(value)
+    return np.array(reached, dtype=np.int64).reshape(-1, p), (np.array(lows), np.array(highs))
 
 
 def _pass(B: Bounds, found: _Found, limit: float, chunk: int, expanded: int,

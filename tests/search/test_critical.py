@@ -166,3 +166,43 @@ def test_the_bounds_equal_the_simulated_time_for_equal_stages():
         f = np.full((1, p), 1.0)
         assert split_bounds(t, f, f, m)[0] == pytest.approx(iteration_times(f[:, :, None], (t - f)[:, :, None], m)[0])
 
+
+
+def plain_bounds(t, f_low, f_high, m):
+    """The bounds without chains written plainly (every term on every stage, then masked):
+    :func:`split_bounds` computes them in place, on the stages that have them."""
+    from gpuknap.search._critical import least
+
+    n, p = t.shape
+    w, c, _ = caps(p, m)
+    pre = np.cumsum(t, axis=1) - t
+    suf = t.sum(axis=1, keepdims=True) - pre - t
+    zero = np.zeros((n, 1))
+    fmax = np.maximum.accumulate(np.concatenate((zero, f_low[:, :-1]), axis=1), axis=1)
+    bmax = np.maximum.accumulate(np.concatenate((zero, (t - f_high)[:, :-1]), axis=1), axis=1)
+    a = np.maximum(m - w, 1)
+    bump_f = c * np.maximum(0.0, fmax - f_high)
+    bump_b = c * np.maximum(0.0, bmax - (t - f_low))
+    h0 = m * t + bump_f + bump_b
+    h1 = np.maximum(least(a, m, t, f_low, f_high) + bump_b, least(m, a, t, f_low, f_high) + bump_f)
+    h2 = np.where(m - w >= 2, (m - w) * t, -np.inf)
+    h1[:, p - 1], h2[:, p - 1] = -np.inf, -np.inf
+    return np.maximum.reduce([pre + h0, pre + h1 + suf, pre + h2 + 2 * suf]).max(axis=1)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_quick_bounds_equal_the_plain_formula_bit_for_bit(seed):
+    """Whatever the stage and micro-batch counts (m = 1 included), with idle stages and
+    infinite times: the same values, NaN where the plain formula gives NaN."""
+    rng = np.random.default_rng(100 + seed)
+    n, p, m = 400, int(rng.integers(1, 12)), int(rng.integers(1, 16)) if seed else 1
+    f_low = rng.choice([0.0, 0.5, 1.0, 2.5, 1 / 3], (n, p)) * rng.integers(1, 5, (n, p))
+    f_high = f_low + rng.choice([0.0, 0.0, 0.25, 1 / 7], (n, p))
+    t = f_high + rng.choice([0.0, 1.0, 2.0, 0.1, 1 / 3], (n, p)) * rng.integers(0, 5, (n, p))
+    scale = rng.choice([1.0, 10.0, 100.0], (n, p))  # some stages far heavier: every term leads somewhere
+    t, f_low, f_high = t * scale, f_low * scale, f_high * scale
+    if seed % 4 == 0:
+        t[rng.random((n, p)) < 0.1] = np.inf
+    with np.errstate(invalid="ignore"):
+        want, got = plain_bounds(t, f_low, f_high, m), split_bounds(t, f_low, f_high, m, chains=False)
+    assert np.array_equal(want, got, equal_nan=True)

@@ -212,3 +212,39 @@ def test_a_node_joins_only_a_node_that_bounds_it_from_below(seed):
         if t != i:
             assert (same[t] == same[i]).all() and (lower[t] <= lower[i]).all(), (i, t)
             assert target[t] == t
+
+
+def loop_below(same, lower, leaders):
+    """_below's rule written as a loop over the leaders (what it computes all at once)."""
+    n = len(same)
+    if n < 2:
+        return np.arange(n)
+    cls, _ = _groups._same(same)
+    order = np.lexsort((np.arange(n), lower[:, 0], cls))
+    start = np.searchsorted(cls[order], cls)
+    end = np.searchsorted(cls[order], cls, side="right")
+    hits = []
+    for r in range(leaders):
+        at = start + r
+        lead = order[np.minimum(at, n - 1)]
+        hits.append((lead, (at < end) & (lead != np.arange(n)) & (lower[lead] <= lower).all(axis=1)))
+    bounded = np.logical_or.reduce([hit for _, hit in hits])
+    target = np.arange(n)
+    for lead, hit in reversed(hits):  # the first leader that is itself unbounded wins
+        take = hit & ~bounded[lead]
+        target[take] = lead[take]
+    return target
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_below_equals_the_loop_over_leaders(seed, monkeypatch):
+    """Every node's target, with NaN and -inf in the rows, and compared a few nodes at a time."""
+    rng = np.random.default_rng(300 + seed)
+    if seed % 2:
+        monkeypatch.setattr(_groups, "BELOW_BYTES", 1)
+    for _ in range(20):
+        n, cols = int(rng.integers(1, 120)), int(rng.integers(1, 20))
+        same = rng.integers(0, int(rng.integers(1, 5)), (n, 2)).astype(np.float64)
+        lower = rng.choice([-np.inf, 0.0, 1.0, 2.0, 3.0, np.nan], (n, cols), p=[0.1, 0.2, 0.25, 0.25, 0.15, 0.05])
+        for leaders in (1, 3, 16):
+            assert np.array_equal(_groups._below(same, lower, leaders), loop_below(same, lower, leaders))
