@@ -27,18 +27,40 @@ ignored), for the sweep's certified pruning (:mod:`._prune`):
   ``C(a_d) + M W_d <= T``), summed over the devices.  The first chunks are
   taken as small as the virtual paths allow, the rest as large, which
   decides a ``T``.
+- Interleaved, the bubble (:func:`interleaved_path_factor`): device ``d``'s
+  operations from its first forward of chunk ``c`` (micro-batch 0, which
+  must first pass every virtual stage before it) to its last backward of
+  chunk ``c`` (which must then pass them all back) run one after the other;
+  only the forwards before it and the backwards after it (those of chunks
+  before ``c`` in the first and last micro-batch groups) are left out.  Each
+  such path is linear in the virtual stages' times, so any weights on the
+  paths summing to 1 give ``T >= min_j (weighted coefficient of stage j) *
+  F`` for every split, whole layers or not (weak duality); the weights used
+  make every coefficient equal.  This sees about half of the interleaved
+  bubble, which the bound above misses when the first chunks are small.
 - Any schedule: the busiest device does ``M`` times its work, and whole
   layers cannot be shared more evenly than :func:`busiest_device` finds.
+- Memory (:func:`fitting_seconds`): the devices together hold every layer,
+  each layer's option at least as heavy as at its lightest in-flight count,
+  so the options' memory summed over the layers is at most ``P`` times a
+  device's room.  The least total time under that one constraint, options
+  taken fractionally along each kind's lower hull (a linear relaxation,
+  below every split's own options), replaces ``F`` in the bounds above that
+  use only the total (the busiest device's share, the continuous path, the
+  bubble's share): where memory forces recompute, ``F`` alone looks too fast.
 
 Each least ``T`` is found by :func:`_least`, which tries many times at once
 (``reachable`` is array code over them) and returns one it found unreachable.
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable
 
 import numpy as np
+
+from ..schedule import order
 
 #: Layers of other times than the most common one that :func:`busiest_device` groups every way.
 SPECIAL_LAYERS = 5
@@ -195,3 +217,83 @@ def interleaved_bound(prefix: np.ndarray, stages: int, chunks: int, micro_batche
 
     # each try walks every virtual stage: fewer tries per step on long pipelines
     return _least(reachable, start, (m + p * chunks) * total, steps, 1e-9, 15 if p * chunks > 16 else POINTS)
+
+
+@functools.lru_cache(maxsize=512)
+def interleaved_path_factor(stages: int, chunks: int, micro_batches: int, schedule: str = "interleaved",
+                            group: int | None = None) -> float:
+    """``z`` with ``T >= z F`` for every split into ``stages * chunks`` virtual stages of total
+    fastest time ``F`` (per micro-batch) run in ``schedule``'s order (see the module docstring):
+    the device paths' coefficients in a matrix ``A`` (row: a path, column: a virtual stage),
+    weights ``y >= 0`` from ``A^T y = 1`` (negatives dropped), ``z = min_j (y A)_j / sum y``.
+    0.0 when the order cannot be built or the weights vanish (no bound)."""
+    p, v, m = int(stages), int(chunks), int(micro_batches)
+    try:
+        ops = order(schedule, p, v, m, group)
+    except ValueError:
+        return 0.0
+    n = p * v
+    rows = np.zeros((n, n))
+    for d, seq in enumerate(ops):
+        kind = np.array([o[0] == "B" for o in seq])
+        chunk = np.array([o[1] for o in seq], dtype=np.int64)
+        mb = np.array([o[2] for o in seq], dtype=np.int64)
+        for c in range(v):
+            first = int(np.flatnonzero(~kind & (chunk == c) & (mb == 0))[0])
+            last = int(np.flatnonzero(kind & (chunk == c))[-1])
+            out = np.ones(len(seq), dtype=bool)
+            out[first:last + 1] = False
+            # operations of each chunk left out, forwards and backwards counted apart (at most M each)
+            left_f = np.bincount(chunk[out & ~kind], minlength=v)
+            left_b = np.bincount(chunk[out & kind], minlength=v)
+            j = c * p + d
+            rows[j, :j] = 1.0  # micro-batch 0 forward to the path's start, the last backward home
+            rows[j, np.arange(v) * p + d] += m - np.maximum(left_f, left_b)
+    try:
+        y = np.linalg.solve(rows.T, np.ones(n))
+    except np.linalg.LinAlgError:
+        return 0.0
+    y = np.clip(y, 0.0, None)
+    if not y.sum() > 0:
+        return 0.0
+    return float((y @ rows).min() / y.sum())
+
+
+def fitting_seconds(model: Any, stages: int, chunks: int, time_unit: float) -> float | None:
+    """A lower bound on any split's total time per micro-batch (forward plus backward, seconds)
+    when ``stages`` devices of ``model.capacity - model.reserved`` bytes hold its layers (see the
+    module docstring); None when even the lightest options exceed the summed room (no claim:
+    :func:`gpuknap.sweep._prune.layers_held` decides those)."""
+    table = model.in_flight_table(stages, chunks)
+    flights = sorted({int(f) for row in table for f in row})
+    room = stages * (float(model.capacity) - float(model.reserved))
+    counts: dict = {}
+    for kind in model.kinds:
+        counts[kind] = counts.get(kind, 0) + 1
+    base, held, segments = [], [], []
+    for kind, n in counts.items():
+        points = sorted((o.forward_time + o.backward_time,
+                         float(model.static[kind]) + min(o.memory(f) for f in flights)) for o in model.fronts[kind])
+        t, mem = points[0]  # the fastest (lightest among equals)
+        base.append(n * t)
+        held.append(n * mem)
+        while True:  # the lower hull towards lighter options: the least time added per byte saved next
+            lighter = [((t2 - t) / (mem - m2), t2, m2) for t2, m2 in points if m2 < mem]
+            if not lighter:
+                break
+            slope, t, m2 = min(lighter)
+            segments.append((slope, n * (mem - m2)))
+            mem = m2
+    over = math.fsum(held) - room
+    total = math.fsum(base)
+    if over > 0:
+        for slope, saved in sorted(segments):
+            use = min(saved, over)
+            total += slope * use
+            over -= use
+            if over <= 0:
+                break
+        if over > 1e-9 * room:
+            return None
+    unit = model.costs.time_unit if getattr(model, "costs", None) is not None else time_unit
+    return total * unit * (1.0 - 1e-12)

@@ -31,7 +31,9 @@ from ._bounds import (  # noqa: F401 (the bounds' tests import them from here)
     fastest_layer_seconds,
     fastest_prefix_seconds,
     fastest_seconds,
+    fitting_seconds,
     interleaved_bound,
+    interleaved_path_factor,
     span_bound,
     whole_layer_bound,
 )
@@ -64,6 +66,7 @@ class Bounds:
         shared = bool(getattr(builder, "shares_layer_times", False))
         fastest: dict[tuple, Any] = {}
         self.configs = configs
+        self.builder, self.time_unit = builder, time_unit
         self.cheap = np.full(len(configs), math.inf)
         self.errors: dict[int, str] = {}
         self._of: dict[int, tuple] = {}  # i -> (key, times, prefix)
@@ -102,9 +105,26 @@ class Bounds:
         if (key, p, v, m) not in self._whole:
             if (key, p) not in self._busiest:
                 self._busiest[key, p] = busiest_device(times, p)
-            self._whole[key, p, v, m] = max(whole_layer_bound(prefix, p, m) if v == 1
-                                            else interleaved_bound(prefix, p, v, m), m * self._busiest[key, p])
-        return self._whole[key, p, v, m] * (1.0 - MARGIN)
+            if v == 1:
+                path = whole_layer_bound(prefix, p, m)
+            else:  # the path bound of whole layers and the bubble's share of F (see ._bounds)
+                path = max(interleaved_bound(prefix, p, v, m),
+                           interleaved_path_factor(p, v, m) * float(prefix[-1]) * (1.0 - 1e-12))
+            self._whole[key, p, v, m] = max(path, m * self._busiest[key, p])
+        return max(self._whole[key, p, v, m], self._fitting(i, p, v, m)) * (1.0 - MARGIN)
+
+    def _fitting(self, i: int, p: int, v: int, m: int) -> float:
+        """The bounds that use only the total time, with the least total that fits the devices'
+        memory (:func:`._bounds.fitting_seconds`) in place of the fastest; 0 when it gives none."""
+        try:
+            model = self.builder(dict(self.configs[i]))
+            total = fitting_seconds(model, p, v, self.time_unit)
+        except ValueError:
+            return 0.0
+        if total is None:
+            return 0.0
+        out = max(span_bound(total, p, v, m), m * total / p)
+        return max(out, interleaved_path_factor(p, v, m) * total * (1.0 - 1e-12)) if v > 1 else out
 
 
 def _fastest(builder: Callable, config: dict, time_unit: float) -> Any:

@@ -329,3 +329,89 @@ def test_busiest_device_is_below_every_assignment_of_layers_to_devices(seed):
     bound = busiest_device(np.array(times), devices)
     assert bound <= best * (1 + 1e-12)
     assert math.isclose(bound, best, rel_tol=1e-9)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 10**6))
+def test_interleaved_path_factor_is_below_the_simulated_time_of_any_chunk_times(seed):
+    """The bubble bound holds for every split, whole layers or not: random per-chunk forward and
+    backward times (some chunks empty, any forward/backward ratio), simulated in the interleaved
+    orders (current Megatron with its group sizes, and the legacy order); F z never above."""
+    from gpuknap.schedule import iteration_times
+    from gpuknap.sweep._bounds import interleaved_path_factor
+    rng = np.random.default_rng(seed)
+    p, v = int(rng.integers(2, 6)), int(rng.integers(2, 5))
+    schedule = "interleaved-legacy" if rng.random() < 0.25 else "interleaved"
+    m = p * int(rng.integers(1, 5))
+    group = None
+    if schedule == "interleaved" and rng.random() < 0.4:
+        group = int(rng.integers(p, m + 1))
+        m = max(m, group)
+        if 0 < m % group < p:
+            m += p - m % group
+    z = interleaved_path_factor(p, v, m, schedule, group)
+    fwd = rng.uniform(0.0, 2.0, (200, p, v)) * (rng.random((200, p, v)) < 0.85)
+    bwd = fwd * rng.uniform(0.5, 3.0, (200, p, v)) + rng.uniform(0.0, 0.2, (200, p, v))
+    simulated = iteration_times(fwd, bwd, m, schedule, 0.0, group)
+    assert (z * (fwd + bwd).sum(axis=(1, 2)) <= simulated * (1 + 1e-12)).all()
+    # it sees the bubble: above the busiest device's even share, below equal chunks' time
+    equal = np.ones((1, p, v))
+    assert m / p < z <= float(iteration_times(equal, 2 * equal, m, schedule, 0.0, group)[0]) / (3 * p * v) * (1 + 1e-12)
+
+
+def test_interleaved_bounds_in_the_sweep_use_the_bubble_factor():
+    """Every interleaved configuration's refined bound is at least its factor times F (it sees the
+    bubble); a schedule that cannot be built gives no factor rather than an error."""
+    from gpuknap.sweep._bounds import fastest_prefix_seconds, interleaved_path_factor
+    kinds, fronts, static, capacity = _random_model(7)
+
+    def build(config):
+        return PipelineModel(kinds, fronts, static, capacity, config["micro_batches"])
+
+    configs, _ = expand({"stages": [2, 4], "micro_batch_size": [1, 2], "interleave": [2]}, 16, 64)
+    bounds, errors = lower_bounds(configs, build, 1e-3)
+    assert configs and not errors
+    for c, b in zip(configs, bounds):
+        z = interleaved_path_factor(c["stages"], 2, c["micro_batches"])
+        total = float(fastest_prefix_seconds(build(c), 1e-3)[-1])
+        assert z > c["micro_batches"] / c["stages"] and b >= z * total * (1 - 2e-9)
+    assert interleaved_path_factor(4, 2, 6) == 0.0  # M not a multiple of P: no order, no factor
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(0, 10**6))
+def test_fitting_seconds_is_below_every_split_that_fits(seed):
+    """Brute force on small models: every assignment of options to layers that some split (one
+    chunk or two) holds within every device's memory takes at least ``fitting_seconds`` in all."""
+    import itertools
+    from gpuknap.sweep._bounds import fitting_seconds
+    rng = random.Random(seed)
+    layers = rng.randint(3, 6)
+    kinds = [rng.choice("ab") for _ in range(layers)]
+    fronts = {k: [LayerOption(f"o{i}", rng.uniform(0.5, 2.0) * 1e9 / (i + 1), f, 2 * f, held_once=rng.uniform(0, 1e9),
+                              excess=((2, rng.uniform(0, 0.3e9)),))  # slower options mostly lighter
+                  for i, f in enumerate(sorted(rng.uniform(0.5, 3.0) for _ in range(rng.randint(1, 3))))]
+              for k in "ab"}
+    static = {k: rng.uniform(0.1, 1.0) * 1e9 for k in "ab"}
+    p, v = rng.randint(1, 3), rng.choice([1, 2])
+    if p * v > layers:
+        v = 1
+    m = p * rng.randint(1, 2)
+    model = PipelineModel(kinds, fronts, static, rng.uniform(4, 14) * 1e9, m, reserved=rng.uniform(0, 1e9))
+    bound = fitting_seconds(model, p, v, 1.0)
+    table = model.in_flight_table(p, v)
+    room = model.capacity - model.reserved
+    splits = [(0,) + cut + (layers,) for cut in itertools.combinations(range(1, layers), p * v - 1)]
+    fits_any = False
+    for choice in itertools.product(*[range(len(fronts[k])) for k in kinds]):
+        options = [fronts[k][i] for k, i in zip(kinds, choice)]
+        for s in splits:
+            used = [0.0] * p
+            for j, (a, b) in enumerate(zip(s, s[1:])):
+                for layer in range(a, b):
+                    used[j % p] += static[kinds[layer]] + options[layer].memory(table[j % p][j // p])
+            if all(u <= room for u in used):
+                fits_any = True
+                assert bound is not None and bound <= sum(o.time for o in options) * (1 + 1e-12)
+                break
+    assert fits_any or bound is None or bound > 0  # no split fits: a bound is allowed (a relaxation)
