@@ -220,18 +220,17 @@ def interleaved_bound(prefix: np.ndarray, stages: int, chunks: int, micro_batche
 
 
 @functools.lru_cache(maxsize=512)
-def interleaved_path_factor(stages: int, chunks: int, micro_batches: int, schedule: str = "interleaved",
-                            group: int | None = None) -> float:
-    """``z`` with ``T >= z F`` for every split into ``stages * chunks`` virtual stages of total
-    fastest time ``F`` (per micro-batch) run in ``schedule``'s order (see the module docstring):
-    the device paths' coefficients in a matrix ``A`` (row: a path, column: a virtual stage),
-    weights ``y >= 0`` from ``A^T y = 1`` (negatives dropped), ``z = min_j (y A)_j / sum y``.
-    0.0 when the order cannot be built or the weights vanish (no bound)."""
+def device_paths(stages: int, chunks: int, micro_batches: int, schedule: str = "interleaved",
+                 group: int | None = None) -> np.ndarray | None:
+    """The device paths of the module docstring as a matrix (read-only): row ``c * P + d`` (device
+    ``d`` from its first forward of chunk ``c`` to its last backward of chunk ``c``), column ``j``
+    the coefficient of virtual stage ``j``'s forward plus backward time.  None when the order
+    cannot be built."""
     p, v, m = int(stages), int(chunks), int(micro_batches)
     try:
         ops = order(schedule, p, v, m, group)
     except ValueError:
-        return 0.0
+        return None
     n = p * v
     rows = np.zeros((n, n))
     for d, seq in enumerate(ops):
@@ -249,8 +248,23 @@ def interleaved_path_factor(stages: int, chunks: int, micro_batches: int, schedu
             j = c * p + d
             rows[j, :j] = 1.0  # micro-batch 0 forward to the path's start, the last backward home
             rows[j, np.arange(v) * p + d] += m - np.maximum(left_f, left_b)
+    rows.flags.writeable = False
+    return rows
+
+
+@functools.lru_cache(maxsize=512)
+def interleaved_path_factor(stages: int, chunks: int, micro_batches: int, schedule: str = "interleaved",
+                            group: int | None = None) -> float:
+    """``z`` with ``T >= z F`` for every split into ``stages * chunks`` virtual stages of total
+    fastest time ``F`` (per micro-batch) run in ``schedule``'s order (see the module docstring):
+    weights ``y >= 0`` on the rows of :func:`device_paths` from ``A^T y = 1`` (negatives
+    dropped), ``z = min_j (y A)_j / sum y``.  0.0 when the order cannot be built or the weights
+    vanish (no bound)."""
+    rows = device_paths(stages, chunks, micro_batches, schedule, group)
+    if rows is None:
+        return 0.0
     try:
-        y = np.linalg.solve(rows.T, np.ones(n))
+        y = np.linalg.solve(rows.T, np.ones(len(rows)))
     except np.linalg.LinAlgError:
         return 0.0
     y = np.clip(y, 0.0, None)

@@ -26,6 +26,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..search import coverage
+from ._lpbound import memory_path_bound
 from ._bounds import (  # noqa: F401 (the bounds' tests import them from here)
     busiest_device,
     fastest_layer_seconds,
@@ -113,6 +114,19 @@ class Bounds:
             self._whole[key, p, v, m] = max(path, m * self._busiest[key, p])
         return max(self._whole[key, p, v, m], self._fitting(i, p, v, m)) * (1.0 - MARGIN)
 
+    def tight(self, i: int) -> float:
+        """Configuration i's refined bound or, if higher, the bound with memory per device and
+        chunk (:func:`._lpbound.memory_path_bound`, a linear program: computed last)."""
+        config = self.configs[i]
+        p, v = config["stages"], config["interleave"]
+        lp = 0.0
+        if v > 1:
+            try:
+                lp = memory_path_bound(self.builder(dict(config)), p, v, self.time_unit)
+            except ValueError:
+                pass
+        return max(self.refined(i), lp * (1.0 - MARGIN))
+
     def _fitting(self, i: int, p: int, v: int, m: int) -> float:
         """The bounds that use only the total time, with the least total that fits the devices'
         memory (:func:`._bounds.fitting_seconds`) in place of the fastest; 0 when it gives none."""
@@ -137,10 +151,11 @@ def _fastest(builder: Callable, config: dict, time_unit: float) -> Any:
 
 
 def lower_bounds(configs: list, builder: Callable, time_unit: float) -> tuple[np.ndarray, dict]:
-    """``(bounds in seconds, {index: reason})`` for every configuration, every bound refined; a
-    configuration whose model cannot be built gets the reason instead of a bound (``inf``)."""
+    """``(bounds in seconds, {index: reason})`` for every configuration, every bound tightened
+    (:meth:`Bounds.tight`); a configuration whose model cannot be built gets the reason instead
+    of a bound (``inf``)."""
     bounds = Bounds(configs, builder, time_unit)
-    out = np.array([math.inf if i in bounds.errors else bounds.refined(i) for i in range(len(configs))])
+    out = np.array([math.inf if i in bounds.errors else bounds.tight(i) for i in range(len(configs))])
     return out, bounds.errors
 
 
@@ -233,13 +248,14 @@ def best_rows(configs: list, builder: Callable, top: int, run: Callable, order: 
 
 
 class _Queue:
-    """Configurations in the order of their refined bounds (equal bounds: fewer chunks first,
-    their searches are cheaper and set the cutoff sooner; then grid order).  A configuration is
-    refined only once it comes first on its cheap bound, which is below its refined one."""
+    """Configurations in the order of their tight bounds (equal bounds: fewer chunks first, their
+    searches are cheaper and set the cutoff sooner; then grid order).  A configuration is
+    refined only once it comes first on its cheap bound, and tightened only once it comes first
+    on its refined one: each level is below the next."""
 
     def __init__(self, bounds: Bounds):
         self._bounds = bounds
-        self._heap = [(float(bounds.cheap[i]), c["interleave"], i, False)
+        self._heap = [(float(bounds.cheap[i]), c["interleave"], i, 0)
                       for i, c in enumerate(bounds.configs) if i not in bounds.errors]
         heapq.heapify(self._heap)
 
@@ -250,13 +266,14 @@ class _Queue:
         """Take the next configuration whose bound is within ``cutoff`` (None: every one left
         is above it)."""
         while self._heap:
-            bound, chunks, i, refined = self._heap[0]
+            bound, chunks, i, level = self._heap[0]
             if bound > cutoff:
                 return None
-            if refined:
+            if level == 2:
                 heapq.heappop(self._heap)
                 return i
-            heapq.heapreplace(self._heap, (self._bounds.refined(i), chunks, i, True))
+            better = self._bounds.refined(i) if level == 0 else self._bounds.tight(i)
+            heapq.heapreplace(self._heap, (better, chunks, i, level + 1))
         return None
 
 

@@ -140,18 +140,20 @@ def test_the_bound_is_below_every_searched_row(seed):
                                                 "micro_batch_size": [1, 2], "interleave": [1, 2, 4]}),
     (MIXTRAL, dict(gpus=64, global_batch=256, seq=4096),
      {"stages": [1, 2, 4, 8], "tensor_parallel": [1, 2], "expert_parallel": [1, 2, 8], "interleave": [1, 2]})])
-def test_lazy_bounds_come_out_in_the_order_of_the_refined_ones(source, kw, grid):
-    """The queue refines a bound only when its cheap bound comes first: the cheap bound is below
-    the refined one, and the configurations come out in the order of the refined bounds (then
-    fewer chunks, then grid order), each within a cutoff exactly when its refined bound is."""
+def test_lazy_bounds_come_out_in_the_order_of_the_tight_ones(source, kw, grid):
+    """The queue refines a bound only when its cheap bound comes first, and tightens it only when
+    its refined bound does: cheap <= refined <= tight, and the configurations come out in the
+    order of the tight bounds (then fewer chunks, then grid order), each within a cutoff exactly
+    when its tight bound is."""
     from gpuknap.sweep._prune import Bounds, _Queue
 
     builder, _, _, _ = builder_of(source, None, None, kw.get("seq"), 16 * MIB, {"device": "h100"})
     configs, _ = expand(grid, kw["gpus"], kw["global_batch"], builder.layers)
     bounds = Bounds(configs, builder, 1e-3)
-    refined = np.array([math.inf if i in bounds.errors else bounds.refined(i) for i in range(len(configs))])
+    first = np.array([math.inf if i in bounds.errors else bounds.refined(i) for i in range(len(configs))])
+    refined = np.array([math.inf if i in bounds.errors else bounds.tight(i) for i in range(len(configs))])
     ok = np.isfinite(refined)
-    assert ok.sum() > 20 and (bounds.cheap[ok] <= refined[ok]).all()
+    assert ok.sum() > 20 and (bounds.cheap[ok] <= first[ok]).all() and (first[ok] <= refined[ok]).all()
     chunks = np.array([c["interleave"] for c in configs])
     want = [i for i in np.lexsort((np.arange(len(configs)), chunks, refined)).tolist() if ok[i]]
     queue = _Queue(Bounds(configs, builder, 1e-3))
@@ -415,3 +417,77 @@ def test_fitting_seconds_is_below_every_split_that_fits(seed):
                 assert bound is not None and bound <= sum(o.time for o in options) * (1 + 1e-12)
                 break
     assert fits_any or bound is None or bound > 0  # no split fits: a bound is allowed (a relaxation)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10**6))
+def test_memory_path_bound_is_below_every_split_that_fits(seed):
+    """Brute force on small embedding/body/output models: every split (one chunk or two) and
+    every assignment of options that fits every device's memory in exact bytes simulates (its
+    schedule, no sends) to at least the bound."""
+    import itertools
+    pytest.importorskip("scipy")
+    from gpuknap.schedule import iteration_times
+    from gpuknap.sweep._lpbound import memory_path_bound
+    rng = random.Random(seed)
+    body = rng.randint(2, 5)
+    kinds = ["h"] + ["b"] * body + ["t"]
+
+    def options(n):
+        return [LayerOption(f"o{i}", rng.uniform(0.5, 2.0) * 1e9 / (i + 1), f, f * rng.uniform(1.5, 3.0),
+                            held_once=rng.uniform(0, 1e9), excess=((2, rng.uniform(0, 0.3e9)),))
+                for i, f in enumerate(sorted(rng.uniform(0.5, 3.0) for _ in range(n)))]
+
+    fronts = {"h": options(rng.randint(1, 2)), "b": options(rng.randint(1, 3)), "t": options(rng.randint(1, 2))}
+    static = {k: rng.uniform(0.1, 1.0) * 1e9 for k in "hbt"}
+    p, v = rng.randint(1, 3), rng.choice([1, 2])
+    if p * v > len(kinds) or p == 1:
+        v = 1
+    m = p * rng.randint(1, 3)
+    model = PipelineModel(kinds, fronts, static, rng.uniform(3, 12) * 1e9, m, reserved=rng.uniform(0, 1e9))
+    bound = memory_path_bound(model, p, v, 1.0)
+    table = model.in_flight_table(p, v)
+    room = model.capacity - model.reserved
+    layers = len(kinds)
+    fwd, bwd = [], []
+    for cut in itertools.combinations(range(1, layers), p * v - 1):
+        s = (0,) + cut + (layers,)
+        for choice in itertools.product(*[range(len(fronts[k])) for k in kinds]):
+            opts = [fronts[k][i] for k, i in zip(kinds, choice)]
+            used, f, b = [0.0] * p, np.zeros((p, v)), np.zeros((p, v))
+            for j, (lo, hi) in enumerate(zip(s, s[1:])):
+                for layer in range(lo, hi):
+                    used[j % p] += static[kinds[layer]] + opts[layer].memory(table[j % p][j // p])
+                    f[j % p, j // p] += opts[layer].forward_time
+                    b[j % p, j // p] += opts[layer].backward_time
+            if all(u <= room for u in used):
+                fwd.append(f)
+                bwd.append(b)
+    if fwd:
+        simulated = iteration_times(np.array(fwd), np.array(bwd), m, "interleaved" if v > 1 else "1f1b")
+        assert bound <= float(simulated.min()) * (1 + 1e-9)
+
+
+def test_memory_path_bound_sees_memory_the_other_bounds_miss():
+    """On the Llama-2-70B example at P=2, v=4, TP=4, 1,024 H100s (memory pushes layers to later
+    chunks), the tightened bound is well above the refined one and still below the row."""
+    pytest.importorskip("scipy")
+    from gpuknap.sweep._prune import Bounds
+    builder, _, bucket, _ = builder_of(LLAMA, None, None, None, 16 * MIB, {"device": "h100"})
+    configs, _ = expand({"stages": [2], "tensor_parallel": [4], "micro_batch_size": [1], "interleave": [4]},
+                        1024, 1024, builder.layers)
+    bounds = Bounds(configs, builder, 1e-3)
+    row = sweep(LLAMA, {"stages": [2], "tensor_parallel": [4], "micro_batch_size": [1], "interleave": [4]},
+                gpus=1024, global_batch=1024, device="h100", backend="numpy").rows[0]
+    assert bounds.refined(0) * 1.05 < bounds.tight(0) <= row["iteration_time_s"]
+
+
+def test_memory_path_bound_without_scipy_gives_no_bound(monkeypatch):
+    """SciPy is an optional extra: without it the bound is 0.0 (the sweep prunes less, same rows)."""
+    from gpuknap.sweep._lpbound import memory_path_bound
+    builder, _, _, _ = builder_of(LLAMA, None, None, None, 16 * MIB, {"device": "h100"})
+    configs, _ = expand({"stages": [2], "tensor_parallel": [4], "micro_batch_size": [1], "interleave": [4]},
+                        1024, 1024, builder.layers)
+    model = builder(dict(configs[0]))
+    monkeypatch.setitem(sys.modules, "scipy.optimize", None)
+    assert memory_path_bound(model, 2, 4, 1e-3) == 0.0
