@@ -100,8 +100,11 @@ def shaped_model(rng, layers, p):
 
 @pytest.mark.parametrize("seed", range(24))
 def test_simulated_search_equals_brute_force_up_to_six_stages(seed):
-    rng = random.Random(4000 + seed)
-    p = 2 + seed % 5
+    equals_brute_force(random.Random(4000 + seed), 2 + seed % 5)
+
+
+def equals_brute_force(rng: random.Random, p: int) -> None:
+    """The simulated search's top 1, 3 and 6 on a random shaped model equal brute force."""
     model = shaped_model(rng, rng.randint(p, min(p + 7, 12)), p)
     want = brute_simulated(model, p, 1)
     for top in (1, 3, 6):
@@ -127,13 +130,7 @@ def improved_runs(seed: int, monkeypatch) -> int:
     monkeypatch.setattr(search_simulated, "LONG_PASS", 10**9)
     monkeypatch.setattr(search_simulated, "EARLY_PASS", 0)
     monkeypatch.setattr(search_simulated, "_transfers", counted)
-    rng = random.Random(7000 + seed)
-    p = 2 + seed % 5
-    model = shaped_model(rng, rng.randint(p, min(p + 7, 12)), p)
-    want = brute_simulated(model, p, 1)
-    for top in (1, 3, 6):
-        got = best_splits(model, p, top, "simulated", 1, backend="numpy")
-        assert [(s, c) for c, s, _ in got] == want[:top], top
+    equals_brute_force(random.Random(7000 + seed), 2 + seed % 5)
     return len(calls)
 
 

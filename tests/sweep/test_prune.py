@@ -380,6 +380,18 @@ def test_interleaved_bounds_in_the_sweep_use_the_bubble_factor():
     assert interleaved_path_factor(4, 2, 6) == 0.0  # M not a multiple of P: no order, no factor
 
 
+def _small_split_model(rng: random.Random, kinds: list, fronts: dict, static: dict, least_gb: float,
+                       most_groups: int) -> tuple:
+    """``(model, P, v, M)`` for the brute-force memory tests: 1-3 stages, one chunk or two (two
+    only when P > 1 and every virtual stage can hold a layer), M a multiple of P."""
+    p, v = rng.randint(1, 3), rng.choice([1, 2])
+    if p * v > len(kinds) or p == 1:
+        v = 1
+    m = p * rng.randint(1, most_groups)
+    capacity = rng.uniform(least_gb, least_gb + 10) * 1e9
+    return PipelineModel(kinds, fronts, static, capacity, m, reserved=rng.uniform(0, 1e9)), p, v, m
+
+
 @settings(max_examples=80, deadline=None)
 @given(st.integers(0, 10**6))
 def test_fitting_seconds_is_below_every_split_that_fits(seed):
@@ -395,11 +407,7 @@ def test_fitting_seconds_is_below_every_split_that_fits(seed):
                   for i, f in enumerate(sorted(rng.uniform(0.5, 3.0) for _ in range(rng.randint(1, 3))))]
               for k in "ab"}
     static = {k: rng.uniform(0.1, 1.0) * 1e9 for k in "ab"}
-    p, v = rng.randint(1, 3), rng.choice([1, 2])
-    if p * v > layers:
-        v = 1
-    m = p * rng.randint(1, 2)
-    model = PipelineModel(kinds, fronts, static, rng.uniform(4, 14) * 1e9, m, reserved=rng.uniform(0, 1e9))
+    model, p, v, m = _small_split_model(rng, kinds, fronts, static, 4, 2)
     bound = fitting_seconds(model, p, v, 1.0)
     table = model.in_flight_table(p, v)
     room = model.capacity - model.reserved
@@ -440,11 +448,7 @@ def test_memory_path_bound_is_below_every_split_that_fits(seed):
 
     fronts = {"h": options(rng.randint(1, 2)), "b": options(rng.randint(1, 3)), "t": options(rng.randint(1, 2))}
     static = {k: rng.uniform(0.1, 1.0) * 1e9 for k in "hbt"}
-    p, v = rng.randint(1, 3), rng.choice([1, 2])
-    if p * v > len(kinds) or p == 1:
-        v = 1
-    m = p * rng.randint(1, 3)
-    model = PipelineModel(kinds, fronts, static, rng.uniform(3, 12) * 1e9, m, reserved=rng.uniform(0, 1e9))
+    model, p, v, m = _small_split_model(rng, kinds, fronts, static, 3, 3)
     bound = memory_path_bound(model, p, v, 1.0)
     table = model.in_flight_table(p, v)
     room = model.capacity - model.reserved
