@@ -251,7 +251,8 @@ class _Queue:
     """Configurations in the order of their tight bounds (equal bounds: fewer chunks first, their
     searches are cheaper and set the cutoff sooner; then grid order).  A configuration is
     refined only once it comes first on its cheap bound, and tightened only once it comes first
-    on its refined one: each level is below the next."""
+    on its refined one under a finite cutoff (before there is one, nothing can be pruned and it
+    is handed out on its refined bound): each level is below the next."""
 
     def __init__(self, bounds: Bounds):
         self._bounds = bounds
@@ -269,7 +270,7 @@ class _Queue:
             bound, chunks, i, level = self._heap[0]
             if bound > cutoff:
                 return None
-            if level == 2:
+            if level == 2 or (level == 1 and math.isinf(cutoff)):  # no cutoff yet: tightening prunes nothing
                 heapq.heappop(self._heap)
                 return i
             better = self._bounds.refined(i) if level == 0 else self._bounds.tight(i)

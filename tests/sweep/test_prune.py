@@ -142,9 +142,10 @@ def test_the_bound_is_below_every_searched_row(seed):
      {"stages": [1, 2, 4, 8], "tensor_parallel": [1, 2], "expert_parallel": [1, 2, 8], "interleave": [1, 2]})])
 def test_lazy_bounds_come_out_in_the_order_of_the_tight_ones(source, kw, grid):
     """The queue refines a bound only when its cheap bound comes first, and tightens it only when
-    its refined bound does: cheap <= refined <= tight, and the configurations come out in the
-    order of the tight bounds (then fewer chunks, then grid order), each within a cutoff exactly
-    when its tight bound is."""
+    its refined bound does and a cutoff is set: cheap <= refined <= tight; under a cutoff the
+    configurations come out in the order of the tight bounds (then fewer chunks, then grid
+    order), each exactly when its tight bound is within it; with no cutoff yet (inf) nothing can
+    be pruned, so none is tightened and they come out in the order of the refined bounds."""
     from gpuknap.sweep._prune import Bounds, _Queue
 
     builder, _, _, _ = builder_of(source, None, None, kw.get("seq"), 16 * MIB, {"device": "h100"})
@@ -156,8 +157,9 @@ def test_lazy_bounds_come_out_in_the_order_of_the_tight_ones(source, kw, grid):
     assert ok.sum() > 20 and (bounds.cheap[ok] <= first[ok]).all() and (first[ok] <= refined[ok]).all()
     chunks = np.array([c["interleave"] for c in configs])
     want = [i for i in np.lexsort((np.arange(len(configs)), chunks, refined)).tolist() if ok[i]]
+    unset = [i for i in np.lexsort((np.arange(len(configs)), chunks, first)).tolist() if ok[i]]
     queue = _Queue(Bounds(configs, builder, 1e-3))
-    assert [queue.next(math.inf) for _ in want] == want and queue.next(math.inf) is None
+    assert [queue.next(math.inf) for _ in unset] == unset and queue.next(math.inf) is None
     cutoff = float(np.median(refined[ok]))
     queue = _Queue(Bounds(configs, builder, 1e-3))
     got = []
