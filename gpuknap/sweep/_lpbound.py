@@ -26,9 +26,16 @@ least coefficient) is computed here.  Whatever weights the solver returns,
 that is a lower bound (weak duality); with the solver's optimum it is the
 program's optimum.  Without SciPy, or for other model shapes, there is no
 bound (0.0) and the sweep only prunes less.
+
+The sweep solves these programs only on a grid where some search is costly
+(:func:`worth_solving`): a program takes a few milliseconds, about what the
+exact interleaved search of a configuration with few layers per device takes,
+and SciPy's import half a second the first time, so on a grid of cheap
+searches the programs cost more than the searches they can spare.
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -45,6 +52,23 @@ def _shape(model: Any) -> tuple | None:
     if head == body or tail == body or any(k != body for k in kinds[1:-1]):
         return None
     return head, body, tail
+
+
+#: Chunk tuples per device (see :func:`worth_solving`) from which the program is worth solving.
+COSTLY_TUPLES = 200
+
+
+def worth_solving(layers: int, stages: int, chunks: int) -> bool:
+    """Whether a configuration's exact interleaved search is costly enough to solve programs for
+    its grid: the ways ``C(n - 1, v - 1)`` to cut a device's even share ``n = ceil(layers / stages)``
+    into its ``v`` chunks, a proxy for the chunk tuples the search enumerates per device, is at
+    least :data:`COSTLY_TUPLES`.  On the benchmark's Llama-2-70B grid (80 layers) the searches of
+    P=2 and P=4 with v=4 (9,139 and 969 ways) take 1-4 s each, every other interleaved one
+    20-70 ms; Mixtral's (32 layers, v=2) at most 15 ways."""
+    if chunks < 2:
+        return False
+    n = -(-int(layers) // int(stages))
+    return n >= chunks and math.comb(n - 1, chunks - 1) >= COSTLY_TUPLES
 
 
 def binds(model: Any, stages: int, chunks: int) -> bool:

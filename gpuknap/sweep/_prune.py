@@ -26,7 +26,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..search import coverage
-from ._lpbound import memory_path_bound
+from ._lpbound import memory_path_bound, worth_solving
 from ._bounds import (  # noqa: F401 (the bounds' tests import them from here)
     busiest_device,
     fastest_layer_seconds,
@@ -97,6 +97,8 @@ class Bounds:
             plain = max(float(np.sum(times)) / p, float(np.max(times)))  # busiest_device's least
             # below the refined bound: that starts a hair under span_bound and is at least M * plain
             self.cheap[i] = max(span_bound(float(prefix[-1]), p, v, m), m * plain) * (1.0 - 1e-11) * (1.0 - MARGIN)
+        self._programs = any(worth_solving(len(self._of[i][1]), c["stages"], c["interleave"])
+                             for i, c in enumerate(configs) if i in self._of)
 
     def refined(self, i: int) -> float:
         """Configuration i's whole-layer bound (see :mod:`._bounds`)."""
@@ -116,11 +118,12 @@ class Bounds:
 
     def tight(self, i: int) -> float:
         """Configuration i's refined bound or, if higher, the bound with memory per device and
-        chunk (:func:`._lpbound.memory_path_bound`, a linear program: computed last)."""
+        chunk (:func:`._lpbound.memory_path_bound`, a linear program: computed last, and only
+        on a grid with a costly search, :func:`._lpbound.worth_solving`)."""
         config = self.configs[i]
         p, v = config["stages"], config["interleave"]
         lp = 0.0
-        if v > 1:
+        if v > 1 and self._programs:
             try:
                 lp = memory_path_bound(self.builder(dict(config)), p, v, self.time_unit)
             except ValueError:

@@ -497,3 +497,30 @@ def test_memory_path_bound_without_scipy_gives_no_bound(monkeypatch):
     model = builder(dict(configs[0]))
     monkeypatch.setitem(sys.modules, "scipy.optimize", None)
     assert memory_path_bound(model, 2, 4, 1e-3) == 0.0
+
+
+def test_programs_are_solved_only_on_a_grid_with_a_costly_search(monkeypatch):
+    """The linear programs (and SciPy's import) are for grids where some exact interleaved search
+    enumerates many chunk tuples: on the Mixtral example (32 layers, v=2) none is solved and the
+    tight bound is the refined one; add P=2, v=4 on the Llama example and they are."""
+    import importlib
+
+    prune = importlib.import_module("gpuknap.sweep._prune")
+    from gpuknap.sweep._lpbound import COSTLY_TUPLES, worth_solving
+
+    assert not worth_solving(80, 2, 1) and not worth_solving(32, 2, 2) and not worth_solving(8, 4, 4)
+    assert worth_solving(80, 2, 4) and worth_solving(80, 4, 4) and not worth_solving(80, 8, 4)
+    assert math.comb(80 // 4 - 1, 3) >= COSTLY_TUPLES > math.comb(80 // 8 - 1, 3)
+    solved = []
+    monkeypatch.setattr(prune, "memory_path_bound", lambda *a: solved.append(a[1:3]) or 0.0)
+    builder, _, _, _ = builder_of(MIXTRAL, None, None, 4096, 16 * MIB, {"device": "h100"})
+    configs, _ = expand({"stages": [2, 4], "expert_parallel": [8], "interleave": [1, 2]}, 64, 256, builder.layers)
+    bounds = prune.Bounds(configs, builder, 1e-3)
+    assert all(bounds.tight(i) == bounds.refined(i) for i in range(len(configs)) if i not in bounds.errors)
+    assert not solved and any(c["interleave"] == 2 for c in configs)
+    builder, _, _, _ = builder_of(LLAMA, None, None, None, 16 * MIB, {"device": "h100"})
+    configs, _ = expand({"stages": [2, 8], "tensor_parallel": [4], "interleave": [2, 4]}, 1024, 1024, builder.layers)
+    bounds = prune.Bounds(configs, builder, 1e-3)
+    for i in range(len(configs)):
+        bounds.tight(i)
+    assert sorted(set(solved)) == [(2, 2), (2, 4), (8, 2), (8, 4)]
