@@ -52,10 +52,7 @@ class Finish:
 
     def set_row(self, s: int, sources: list) -> None:
         """Row s from candidate finishes ``(allowed [n1, w], t [n1, w], t exact (Wide), next pulled)``."""
-        totals = [(t_x + nxt[0]).where(ok) for ok, t, t_x, nxt in sources]
-        best = totals[0].min_rows()
-        for other in totals[1:]:
-            best = best.minimum(other.min_rows())
+        totals, best = _least([(ok, t_x, nxt[0]) for ok, _, t_x, nxt in sources])
         self.total[s] = best
         any_ok = np.zeros(best.hi.shape, dtype=bool)
         low = np.full(best.hi.shape, -math.inf)
@@ -68,6 +65,26 @@ class Finish:
             low_ok = np.maximum(low_ok, np.where(clean, np.minimum(t, nlow_ok), -math.inf).max(axis=1,
                                                                                               initial=-math.inf))
         self.idle[s], self.low[s], self.low_ok[s] = ~any_ok, low, low_ok
+
+
+def _least(sources: list) -> tuple[list, Wide]:
+    """``(each source's totals, their least per row)`` from ``(allowed, t exact, next total pulled)``."""
+    totals = [(t_x + nxt).where(ok) for ok, t_x, nxt in sources]
+    best = totals[0].min_rows()
+    for other in totals[1:]:
+        best = best.minimum(other.min_rows())
+    return totals, best
+
+
+def least_total(T: SegmentTable, X: ExactTimes) -> int | None:
+    """The least total of any split (no bound on its stages), exact; None if there is none.  The
+    ``total`` of :func:`finishes` at ``tau = inf`` without the rest of it (a third of the work)."""
+    total = Wide.infinite((T.p + 1, T.n1), X.band)
+    total.hi[T.p, T.n1 - 1] = 0
+    for s in range(T.p - 1, -1, -1):
+        t = T.band[s]
+        total[s] = _least([(t <= math.inf, X.band[s], total[s + 1].pull(T))])[1]
+    return total.value(0, 0)
 
 
 def finishes(T: SegmentTable, X: ExactTimes, tau: float) -> tuple[Finish, Finish]:
@@ -94,8 +111,7 @@ def top_tied(T: SegmentTable, top: int, primary: Callable[[int, int], int],
     bottleneck ``tau`` (the scan stops once it exceeds the k-th best)."""
     X = ExactTimes(T)
     p = T.p
-    free_all, _ = finishes(T, X, math.inf)
-    least_sum = free_all.total.value(0, 0)
+    least_sum = least_total(T, X)
     if least_sum is None:
         return []
     heap: list[tuple] = []  # the best k as negated keys: heap[0] is the worst
