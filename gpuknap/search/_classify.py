@@ -15,7 +15,10 @@ what made whole-model search slow; here every segment is a row of integers:
   :meth:`PipelineModel.budget_of` (so every entry point sees the same bytes);
 
 and ``np.unique`` over the rows ``(in-flight, budget bits, counts, ranks)``
-gives each segment its problem.  Equal rows are equal problems exactly.
+gives each segment its problem.  Equal rows are equal problems exactly.  The
+segments are first grouped by ``(in-flight, counts, rank row of a)``, which
+fixes the rest of the row, so ranks and budgets are computed once per group
+(a few hundred of a search's hundreds of thousands of segments).
 """
 from __future__ import annotations
 
@@ -46,7 +49,8 @@ class KindIndex:
 
     ``prefix[i, c]``: layers of kind code ``c`` among the first ``i``;
     ``rank[a, c]``: the rank of kind ``c`` by first occurrence at or after
-    layer ``a`` (``K`` when it does not occur again); ``static[c]`` its bytes.
+    layer ``a`` (``K`` when it does not occur again); ``static[c]`` its bytes;
+    ``rank_class[a]``: the number of ``rank[a]`` among the distinct rows of ``rank``.
     """
 
     kinds: tuple
@@ -54,6 +58,7 @@ class KindIndex:
     prefix: np.ndarray
     rank: np.ndarray
     static: np.ndarray
+    rank_class: np.ndarray
 
     @property
     def n_kinds(self) -> int:
@@ -82,7 +87,9 @@ def kind_index(model: Any) -> KindIndex:
     rank[np.arange(n + 1)[:, None], order] = np.arange(k)[None, :]
     rank[nxt == n] = k
     static = np.array([float(model.static[kind]) for kind in kinds], dtype=np.float64)
-    return KindIndex(tuple(kinds), codes, prefix, rank.astype(np.int32), static)
+    _, rank_class = np.unique(rank, axis=0, return_inverse=True)
+    return KindIndex(tuple(kinds), codes, prefix, rank.astype(np.int32), static,
+                     rank_class.ravel().astype(np.int64))
 
 
 def _budgets(index: KindIndex, base: float, counts: np.ndarray, ranks: np.ndarray) -> np.ndarray:
@@ -111,13 +118,16 @@ def classify(model: Any, index: KindIndex, in_flight: np.ndarray, start: np.ndar
     for lo in range(0, len(start), block):
         a, b = start[lo:lo + block], end[lo:lo + block]
         counts = (index.prefix[b] - index.prefix[a]).astype(np.int64)
-        ranks = np.where(counts > 0, index.rank[a], -1).astype(np.int64)
+        groups = np.column_stack((np.asarray(in_flight[lo:lo + block], dtype=np.int64), counts,
+                                  index.rank_class[a]))
+        first, inverse = _unique_rows(groups)
+        one = a[first]  # a segment of each group: its ranks and budget are the group's
+        counts = counts[first]
+        ranks = np.where(counts > 0, index.rank[one], -1).astype(np.int64)
         budgets = _budgets(index, base, counts, ranks)
-        rows = np.column_stack((np.asarray(in_flight[lo:lo + block], dtype=np.int64), budgets.view(np.int64),
-                                counts, ranks))
-        unique, inverse = _unique_rows(rows, skip=(1,))
-        local = np.empty(len(unique), dtype=np.int64)
-        for u, row in enumerate(unique):
+        rows = np.column_stack((groups[first, 0], budgets.view(np.int64), counts, ranks))
+        local = np.empty(len(rows), dtype=np.int64)
+        for u, row in enumerate(rows):
             key = row.tobytes()
             pid = seen.get(key)
             if pid is None:
@@ -128,25 +138,21 @@ def classify(model: Any, index: KindIndex, in_flight: np.ndarray, start: np.ndar
     return ids, problems
 
 
-def _unique_rows(rows: np.ndarray, skip: tuple = ()) -> tuple[np.ndarray, np.ndarray]:
-    """``np.unique(rows, axis=0, return_inverse=True)``, fast when the rows fit one integer.
-
-    Columns in ``skip`` are functions of the others (the budget is, of the counts
-    and their order) and are left out of the key.  The other columns are packed
-    into one int64 by mixed radix when their ranges allow (then a 1-D unique, or
-    a dense table when the key space is small); else rows are compared whole.
-    """
-    cols = [c for c in range(rows.shape[1]) if c not in skip]
-    low = rows[:, cols].min(axis=0) if len(rows) else np.zeros(len(cols), dtype=np.int64)
-    spans = (rows[:, cols].max(axis=0) - low + 1) if len(rows) else np.ones(len(cols), dtype=np.int64)
+def _unique_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(first, inverse)``: the index of one row of each distinct row, in the order of
+    ``np.unique(rows, axis=0)``, and each row's number in that order; fast when the rows fit
+    one integer: they are packed into one int64 by mixed radix when their ranges allow (then
+    a 1-D unique, or a dense table when the key space is small); else compared whole."""
+    low = rows.min(axis=0) if len(rows) else np.zeros(rows.shape[1], dtype=np.int64)
+    spans = (rows.max(axis=0) - low + 1) if len(rows) else np.ones(rows.shape[1], dtype=np.int64)
     space = 1
     for span in spans.tolist():
         space *= span
     if space >= 2**62:
-        unique, inverse = np.unique(rows, axis=0, return_inverse=True)
-        return unique, inverse.ravel()
+        _, first, inverse = np.unique(rows, axis=0, return_index=True, return_inverse=True)
+        return first, inverse.ravel()
     key = np.zeros(len(rows), dtype=np.int64)
-    for c, lo_, span in zip(cols, low.tolist(), spans.tolist()):
+    for c, (lo_, span) in enumerate(zip(low.tolist(), spans.tolist())):
         key = key * span + (rows[:, c] - lo_)
     if space <= max(2**22, 4 * len(rows)):  # dense: mark the keys present, number them in key order
         present = np.zeros(space, dtype=bool)
@@ -157,7 +163,7 @@ def _unique_rows(rows: np.ndarray, skip: tuple = ()) -> tuple[np.ndarray, np.nda
         first[inverse[::-1]] = np.arange(len(rows))[::-1]
     else:
         _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
-    return rows[first], inverse.ravel()
+    return first, inverse.ravel()
 
 
 def _problem(index: KindIndex, row: np.ndarray, k: int) -> StageProblem:

@@ -87,11 +87,12 @@ class SegmentSource:
         self.fastest = fastest_prefix(model, whole, kind_index(model), 1)  # times do not depend on in-flight
         self.planners = [Planner(v.fronts, bucket, table=t) for v, t in zip(self.variants, self.tables)]
         self._plans: list = []
+        self._spaces: list = [{} for _ in self.variants]  # each variant's search space, kept between rounds
 
     def plan(self, limit: float) -> list[tuple]:
         cover = len(self.variants) == 1  # a variant's table alone may not cover what another holds
-        self._plans = [plan_segments(v, self.stages, t, self.in_flight, limit, cover)
-                       for v, t in zip(self.variants, self.tables)]
+        self._plans = [plan_segments(v, self.stages, t, self.in_flight, limit, cover, space)
+                       for v, t, space in zip(self.variants, self.tables, self._spaces)]
         return [(t, p.problems, p.verdicts) for t, p in zip(self.tables, self._plans)]
 
     def fill(self, values: list) -> SegmentTable:

@@ -243,10 +243,16 @@ class SegmentPlan:
 
 
 def plan_segments(model: Any, stages: int, fronts: FrontTable, in_flight: Any = None,
-                  limit: float = math.inf, cover: bool = True) -> SegmentPlan:
-    """The work of :func:`segment_table` up to the solve (see there)."""
+                  limit: float = math.inf, cover: bool = True, space: dict | None = None) -> SegmentPlan:
+    """The work of :func:`segment_table` up to the solve (see there).  ``space``: a dict kept
+    by the caller between rounds of one search (the search space does not depend on ``limit``)."""
     n = model.layers
-    inflight, index, rooms = _search_space(model, stages, fronts, in_flight)
+    if space is not None and "space" in space:
+        inflight, index, rooms = space["space"]
+    else:
+        inflight, index, rooms = _search_space(model, stages, fronts, in_flight)
+        if space is not None:
+            space["space"] = (inflight, index, rooms)
     empty = (np.empty(0, dtype=np.int64),) * 3
     if cover and coverable_layers(rooms, n) < n:
         return SegmentPlan(stages, n, 1, empty, np.empty(0, dtype=bool), np.empty(0, dtype=np.int64), [], [], False)
