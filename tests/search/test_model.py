@@ -471,3 +471,17 @@ def test_exclusive_options_against_brute_force_when_one_variant_cannot_cover(see
         want = ranked(entries)[:3]
         got = best_splits(model, p, 3, score, 1, backend="numpy", exclusive=[("SLCT", "COMM")])
         assert [(s, c) for c, s, _ in got] == want, score
+
+
+@pytest.mark.parametrize("scale", [3, 10**6, 2**40])
+def test_unique_rows_numbers_rows_as_np_unique_does(scale):
+    """The packed unique of classify (dense table, 1-D unique, whole rows past 62 bits): each
+    row's number and a representative of each number, as ``np.unique(axis=0)`` gives them."""
+    from gpuknap.search._classify import _unique_rows
+
+    rng = np.random.default_rng(scale % 1000)
+    rows = rng.integers(0, scale, size=(500, 4), dtype=np.int64)
+    rows[250:] = rows[rng.integers(0, 250, size=250)]  # repeats
+    first, inverse = _unique_rows(rows)
+    want, want_inverse = np.unique(rows, axis=0, return_inverse=True)
+    assert np.array_equal(rows[first], want) and np.array_equal(inverse, want_inverse.ravel())
