@@ -88,13 +88,16 @@ def certified_rounds(score: Score, first: float, total: float, top: int) -> Gene
     (limits above twice it leave nothing out, so they become infinite)."""
     start = getattr(score, "first", None)  # a score may know a better first limit than the generic one
     limit = (max(first, start(first)) if start is not None else first) if score.prunes else math.inf
+    known = math.inf  # the cheap bound of an earlier, smaller table: its splits are in every later one
     while True:
         if not math.isfinite(limit) or limit > total * 2:
             limit = math.inf
         table = yield limit
         upper = getattr(score, "upper", None)
-        if table.pruned and upper is not None:  # a cheap k-th best first: skip tables that cannot certify
-            bound = upper(table, top)
+        certified = known * (1 + 1e-6) <= score.reach(limit) * (1 - MARGIN) * (1 + 1e-6)
+        if table.pruned and upper is not None and not certified:  # a cheap k-th best first: skip tables
+            bound = upper(table, top)                                  # that cannot certify
+            known = min(known, bound)
             if not math.isfinite(bound):  # fewer than k splits in this table
                 limit *= LIMIT_GROWTH
                 continue

@@ -143,3 +143,44 @@ def test_simulated_search_improved_after_a_pass_equals_brute_force(seed, monkeyp
 def test_the_improved_runs_move_layers(monkeypatch):
     """The runs above do redraw their cuts between passes (else they would prove little)."""
     assert improved_runs(1, monkeypatch) > 0
+
+
+def test_an_earlier_tables_cheap_bound_certifies_a_later_table():
+    """The driver asks a score's ``upper`` only while no earlier bound certifies the limit: the
+    splits behind a smaller table's bound are in every later table, so the second round goes
+    straight to ``top`` (and its answer is certified as before)."""
+    from gpuknap.search._rounds import certified_rounds
+
+    class Table:
+        def __init__(self, limit):
+            self.limit, self.pruned = limit, True
+
+    class Score:
+        prunes = True
+
+        def __init__(self):
+            self.uppers, self.tops = [], []
+
+        def upper(self, table, k):
+            self.uppers.append(table.limit)
+            return 10.0
+
+        def top(self, table, k):
+            self.tops.append(table.limit)
+            return [((1,), 9.5)]
+
+        def reach(self, limit):
+            return limit
+
+        def limit_for(self, score):
+            return score
+
+    score = Score()
+    rounds = certified_rounds(score, 5.0, 1000.0, 1)
+    limit = rounds.send(None)
+    limit = rounds.send(Table(limit))  # 10 cannot be certified at 5: the next limit reaches it
+    assert limit > 10.0
+    with pytest.raises(StopIteration) as done:
+        rounds.send(Table(limit))
+    assert done.value.value == [((1,), 9.5)]
+    assert score.uppers == [5.0] and score.tops == [limit]
