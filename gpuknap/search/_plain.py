@@ -28,7 +28,7 @@ from ._classify import kind_index
 from ._closed_form import ClosedForm
 from ._model import PipelineModel
 from ._rounds import Solver, certified_rounds, first_limit, run_rounds
-from ._segments import SegmentTable, fastest_prefix, plan_segments
+from ._segments import SegmentTable, fastest_prefix, plan_segments, search_space
 from ._simulated import Simulated
 from ._slowest import Slowest
 
@@ -87,10 +87,12 @@ class SegmentSource:
         self.fastest = fastest_prefix(model, whole, kind_index(model), 1)  # times do not depend on in-flight
         self.planners = [Planner(v.fronts, bucket, table=t) for v, t in zip(self.variants, self.tables)]
         self._plans: list = []
-        self._spaces: list = [{} for _ in self.variants]  # each variant's search space, kept between rounds
+        self._spaces: list | None = None  # each variant's search space, from the first round on
 
     def plan(self, limit: float) -> list[tuple]:
         cover = len(self.variants) == 1  # a variant's table alone may not cover what another holds
+        if self._spaces is None:
+            self._spaces = [search_space(v, self.stages, t, self.in_flight) for v, t in zip(self.variants, self.tables)]
         self._plans = [plan_segments(v, self.stages, t, self.in_flight, limit, cover, space)
                        for v, t, space in zip(self.variants, self.tables, self._spaces)]
         return [(t, p.problems, p.verdicts) for t, p in zip(self.tables, self._plans)]

@@ -94,7 +94,7 @@ def certified_rounds(score: Score, first: float, total: float, top: int) -> Gene
             limit = math.inf
         table = yield limit
         upper = getattr(score, "upper", None)
-        certified = known * (1 + 1e-6) <= score.reach(limit) * (1 - MARGIN) * (1 + 1e-6)
+        certified = math.isfinite(known) and known * (1 + 1e-6) <= score.reach(limit) * (1 - MARGIN) * (1 + 1e-6)
         if table.pruned and upper is not None and not certified:  # a cheap k-th best first: skip tables
             bound = upper(table, top)                                  # that cannot certify
             known = min(known, bound)

@@ -167,11 +167,11 @@ def coverage(model: Any, stages: int, bucket: float = MEGABYTE, in_flight: Any =
     """How many of the model's layers ``stages`` stages can hold even with their lightest
     options (an upper bound: fewer than ``model.layers`` proves no split fits).  Array
     work only, no DP: milliseconds even for thousands of layers."""
-    _, _, rooms = _search_space(model, stages, FrontTable(model.fronts, bucket), in_flight)
+    _, _, rooms = search_space(model, stages, FrontTable(model.fronts, bucket), in_flight)
     return coverable_layers(rooms, model.layers)
 
 
-def _search_space(model: Any, stages: int, fronts: FrontTable, in_flight: Any) -> tuple:
+def search_space(model: Any, stages: int, fronts: FrontTable, in_flight: Any) -> tuple:
     """``(in-flight per stage, kind index, rooms[s, a])`` of a search, after the size check."""
     _check_size(model, stages)
     inflight = [row[0] for row in model.in_flight_table(stages, 1, in_flight)]
@@ -243,16 +243,12 @@ class SegmentPlan:
 
 
 def plan_segments(model: Any, stages: int, fronts: FrontTable, in_flight: Any = None,
-                  limit: float = math.inf, cover: bool = True, space: dict | None = None) -> SegmentPlan:
-    """The work of :func:`segment_table` up to the solve (see there).  ``space``: a dict kept
-    by the caller between rounds of one search (the search space does not depend on ``limit``)."""
+                  limit: float = math.inf, cover: bool = True, space: tuple | None = None) -> SegmentPlan:
+    """The work of :func:`segment_table` up to the solve (see there).  ``space``: the search
+    space, :func:`search_space`'s answer, when the caller keeps it between rounds of one search
+    (it does not depend on ``limit``)."""
     n = model.layers
-    if space is not None and "space" in space:
-        inflight, index, rooms = space["space"]
-    else:
-        inflight, index, rooms = _search_space(model, stages, fronts, in_flight)
-        if space is not None:
-            space["space"] = (inflight, index, rooms)
+    inflight, index, rooms = search_space(model, stages, fronts, in_flight) if space is None else space
     empty = (np.empty(0, dtype=np.int64),) * 3
     if cover and coverable_layers(rooms, n) < n:
         return SegmentPlan(stages, n, 1, empty, np.empty(0, dtype=bool), np.empty(0, dtype=np.int64), [], [], False)
