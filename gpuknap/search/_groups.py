@@ -47,8 +47,6 @@ import numpy as np
 JOIN_PATHS = 256
 #: Nodes of a class every node of the class is compared with.
 LEADERS = 16
-#: Most bytes of leaders' rows gathered at once to compare nodes with.
-BELOW_BYTES = 2**20
 
 
 def start(st: dict) -> dict:
@@ -147,23 +145,36 @@ def _below(same: np.ndarray, lower: np.ndarray, leaders: int = LEADERS) -> np.nd
     at least a leader's in every column joins the first such leader that no leader bounds
     in turn (one exists unless two leaders bound each other, equal rows: bounding is
     transitive, so a least one of the leaders that bound the node is bounded by none).
-    A node that joins none stays a node: correct, only shared less."""
+    A node that joins none stays a node: correct, only shared less.
+
+    The pairs (node, leader) are compared one column at a time, from the second column on
+    (the first, which orders the leaders, passes almost always), keeping only the pairs
+    still bounded: most fail within a few columns."""
     n = len(same)
     if n < 2:
         return np.arange(n)
-    cls, _ = _same(same)
-    order = np.lexsort((np.arange(n), lower[:, 0], cls))
-    sorted_cls = cls[order]
-    start = np.searchsorted(sorted_cls, cls)  # in sorted order, the first of each node's class
-    end = np.searchsorted(sorted_cls, cls, side="right")
+    order = np.lexsort((np.arange(n), lower[:, 0]) + tuple(same.T[::-1]))  # by class, then the first column
+    ranked = same[order]
+    new = np.empty(n, dtype=bool)
+    new[0] = True
+    np.any(ranked[1:] != ranked[:-1], axis=1, out=new[1:])
+    bounds = np.append(np.flatnonzero(new), n)  # in sorted order, where each class starts (and the end)
+    cls = np.empty(n, dtype=np.int64)
+    cls[order] = np.cumsum(new) - 1
+    start, end = bounds[cls], bounds[cls + 1]
     # [node, r]: the class's r-th leader, and whether it bounds the node (no class has more members)
     at = start[:, None] + np.arange(min(leaders, int((end - start).max())))[None, :]
     lead = order[np.minimum(at, n - 1)]
     node = np.arange(n)
     hit = (at < end[:, None]) & (lead != node[:, None])
-    step = max(1, BELOW_BYTES // (8 * lower.shape[1] * lead.shape[1]))  # nodes compared at once
-    for lo in range(0, n, step):
-        hit[lo:lo + step] &= (lower[lead[lo:lo + step]] <= lower[lo:lo + step, None, :]).all(axis=2)
+    pair = np.flatnonzero(hit)
+    mine, theirs, alive = pair // hit.shape[1], lead.ravel()[pair], np.arange(len(pair))
+    for column in (*range(1, lower.shape[1]), 0):
+        values = lower[:, column]
+        bounded = values[theirs] <= values[mine]
+        mine, theirs, alive = mine[bounded], theirs[bounded], alive[bounded]
+    hit.ravel()[pair] = False
+    hit.ravel()[pair[alive]] = True
     take = hit & ~hit.any(axis=1)[lead]  # leaders that no leader bounds
     first = take.argmax(axis=1)  # the first of them wins
     return np.where(take[node, first], lead[node, first], node)
@@ -173,12 +184,18 @@ def _same(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Rows equal bit for bit, grouped: ``(group of each row, first row of each group)``, the
     groups numbered in the order of their first rows.  Rows are hashed, then each row is
     compared with the first row of its hash: a row that differs (a collision) is a group
-    of its own."""
+    of its own.  Each 64-bit word is mixed through all its bits before the columns are
+    combined (the times and counts here are floats whose low bits are mostly zero: a
+    plain multiply would leave them unmixed, and rows that only swap such values apart
+    would collide)."""
     bits = np.ascontiguousarray(rows).view(np.uint64)
-    mult = (np.arange(bits.shape[1], dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)) | np.uint64(1)
+    mult = (np.arange(1, bits.shape[1] + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)) | np.uint64(1)
     with np.errstate(over="ignore"):
-        mixed = bits * mult
-        key = (mixed ^ (mixed >> np.uint64(29))).sum(axis=1, dtype=np.uint64)
+        mixed = bits ^ (bits >> np.uint64(31))  # the high bits down, then a multiply carries them up again
+        mixed *= np.uint64(0xBF58476D1CE4E5B9)
+        mixed ^= mixed >> np.uint64(29)
+        mixed *= mult  # a different odd factor per column
+        key = (mixed ^ (mixed >> np.uint64(32))).sum(axis=1, dtype=np.uint64)
     _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
     lead = first[inverse.ravel()]
     alone = ~(bits == bits[lead]).all(axis=1)

@@ -167,8 +167,10 @@ def test_shared_walk_equals_brute_force_on_random_models(seed, shared, monkeypat
 
 
 def test_the_brute_force_runs_share_nodes(shared):
-    """The comparisons above exercise both kinds of sharing (else they would prove little)."""
-    for seed in range(6):
+    """The comparisons above exercise both kinds of sharing (else they would prove little):
+    equal states (counted by ``_same`` on the children's states) and states bounded from
+    below (``_below``)."""
+    for seed in range(12):
         rng = random.Random(9000 + seed)
         layers = rng.randint(5, 12)
         p = rng.randint(2, min(6, layers))
@@ -219,7 +221,8 @@ def loop_below(same, lower, leaders):
     n = len(same)
     if n < 2:
         return np.arange(n)
-    cls, _ = _groups._same(same)
+    _, cls = np.unique(same, axis=0, return_inverse=True)  # the classes, by equal rows
+    cls = cls.ravel()
     order = np.lexsort((np.arange(n), lower[:, 0], cls))
     start = np.searchsorted(cls[order], cls)
     end = np.searchsorted(cls[order], cls, side="right")
@@ -237,11 +240,9 @@ def loop_below(same, lower, leaders):
 
 
 @pytest.mark.parametrize("seed", range(20))
-def test_below_equals_the_loop_over_leaders(seed, monkeypatch):
-    """Every node's target, with NaN and -inf in the rows, and compared a few nodes at a time."""
+def test_below_equals_the_loop_over_leaders(seed):
+    """Every node's target, with NaN and -inf in the rows."""
     rng = np.random.default_rng(300 + seed)
-    if seed % 2:
-        monkeypatch.setattr(_groups, "BELOW_BYTES", 1)
     for _ in range(20):
         n, cols = int(rng.integers(1, 120)), int(rng.integers(1, 20))
         same = rng.integers(0, int(rng.integers(1, 5)), (n, 2)).astype(np.float64)
