@@ -132,3 +132,42 @@ def split_bounds(t: np.ndarray, f_low: np.ndarray, f_high: np.ndarray, micro_bat
             chain = pre[:, s:s + 1] + body + suf[:, s:s + 1] + run + (w[s] - k) * bump
             out = np.maximum(out, chain.max(axis=1))
     return out
+
+
+def segment_floor(stage: np.ndarray, start: np.ndarray, end: np.ndarray, stages: int, micro_batches: int,
+                  fastest: np.ndarray, f_low: np.ndarray, f_high: np.ndarray) -> np.ndarray:
+    """A lower bound on the simulated time of every split in which stage ``stage`` takes the
+    layers ``start:end`` (arrays of one shape), from prefix sums over the layers of their
+    fastest option's time (``fastest``) and of their least and most forward time.
+
+    With ``x`` the segment's fastest time (its stage takes ``t >= x``) and the other stages
+    at least the rest of the layers' fastest time: path A gives ``fastest[start] + M x``;
+    the paths F and B, ``Pre + Suf + a f + M b`` and ``Pre + Suf + M f + a b``, are one
+    falling and one rising in the forward time ``f``, so the larger of the two is least
+    where they cross (``f = t / 2``) or, when the segment's forward range excludes that,
+    at the nearer end of the range; both grow with ``t``, so ``t = x`` bounds them."""
+    m = micro_batches
+    x = fastest[end] - fastest[start]
+    f = np.clip(x / 2, f_low[end] - f_low[start], f_high[end] - f_high[start])
+    a = caps(stages, m)[2][stage]
+    over = np.maximum(m * x - (m - a) * f, a * x + (m - a) * f)
+    return np.maximum(fastest[start] + m * x, fastest[-1] - x + over)
+
+
+def segment_rooms(rooms: np.ndarray, micro_batches: int, fastest: np.ndarray, f_low: np.ndarray,
+                  f_high: np.ndarray, score: float) -> np.ndarray:
+    """``rooms[s, a]`` (how many layers stage s may take from layer a) cut to the longest
+    segment whose :func:`segment_floor` is at most ``score`` (with a slack far above the
+    prefix sums' rounding): every split using a segment cut simulates slower than ``score``."""
+    stages, starts = rooms.shape
+    flat = rooms.ravel()
+    total = int(flat.sum())
+    cell = np.repeat(np.arange(flat.size), flat)
+    length = np.arange(1, total + 1) - np.repeat(np.cumsum(flat) - flat, flat)
+    stage, start = np.divmod(cell, starts)
+    floor = segment_floor(stage, start, start + length, stages, micro_batches, fastest, f_low, f_high)
+    slack = 1e-9 * (abs(score) + abs(float(fastest[-1])))
+    out = np.zeros(flat.size, dtype=rooms.dtype)
+    keep = floor <= score + slack
+    np.maximum.at(out, cell[keep], length[keep])
+    return out.reshape(rooms.shape)

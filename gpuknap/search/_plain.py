@@ -88,12 +88,13 @@ class SegmentSource:
         self.planners = [Planner(v.fronts, bucket, table=t) for v, t in zip(self.variants, self.tables)]
         self._plans: list = []
         self._spaces: list | None = None  # each variant's search space, from the first round on
+        self._narrow: Any = None  # the score's own cut of the segments, when it has one (``rounds``)
 
     def plan(self, limit: float) -> list[tuple]:
         cover = len(self.variants) == 1  # a variant's table alone may not cover what another holds
         if self._spaces is None:
             self._spaces = [search_space(v, self.stages, t, self.in_flight) for v, t in zip(self.variants, self.tables)]
-        self._plans = [plan_segments(v, self.stages, t, self.in_flight, limit, cover, space)
+        self._plans = [plan_segments(v, self.stages, t, self.in_flight, limit, cover, space, self._narrow)
                        for v, t, space in zip(self.variants, self.tables, self._spaces)]
         return [(t, p.problems, p.verdicts) for t, p in zip(self.tables, self._plans)]
 
@@ -132,11 +133,13 @@ class SegmentSource:
         index = kind_index(model)
         low, high = ([f(o.forward_time for o in model.fronts[kind]) for kind in index.kinds] for f in (min, max))
         prefix = [np.concatenate(([0.0], np.cumsum(np.array(v)[index.codes]))) for v in (low, high)]
-        return Simulated(m, stage_times, prefix[0], prefix[1], self.max_bytes, total, self.stages)
+        return Simulated(m, stage_times, prefix[0], prefix[1], self.max_bytes, total, self.stages, self.fastest)
 
     def rounds(self, score: str, top: int, micro_batches: int | None = None) -> Any:
         """The certified rounds of this search for ``score`` (a generator, :mod:`._rounds`)."""
-        return certified_rounds(self.score(score, micro_batches), first_limit(self.fastest, self.stages),
+        scored = self.score(score, micro_batches)
+        self._narrow = getattr(scored, "rooms", None)
+        return certified_rounds(scored, first_limit(self.fastest, self.stages),
                                 float(self.fastest[-1]), top)
 
 

@@ -11,7 +11,7 @@ in the engine.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -243,10 +243,13 @@ class SegmentPlan:
 
 
 def plan_segments(model: Any, stages: int, fronts: FrontTable, in_flight: Any = None,
-                  limit: float = math.inf, cover: bool = True, space: tuple | None = None) -> SegmentPlan:
+                  limit: float = math.inf, cover: bool = True, space: tuple | None = None,
+                  narrow: Callable[[np.ndarray, float], np.ndarray] | None = None) -> SegmentPlan:
     """The work of :func:`segment_table` up to the solve (see there).  ``space``: the search
     space, :func:`search_space`'s answer, when the caller keeps it between rounds of one search
-    (it does not depend on ``limit``)."""
+    (it does not depend on ``limit``).  ``narrow(rooms, limit)``: a score's own cut of the
+    rooms left under ``limit`` (each at most the room given), leaving out more segments that
+    no split within the score's reach at ``limit`` uses."""
     n = model.layers
     inflight, index, rooms = search_space(model, stages, fronts, in_flight) if space is None else space
     empty = (np.empty(0, dtype=np.int64),) * 3
@@ -255,6 +258,8 @@ def plan_segments(model: Any, stages: int, fronts: FrontTable, in_flight: Any = 
     pruned = False
     if limit < math.inf:
         cut = _cut_rooms(rooms, fastest_prefix(model, fronts, index, inflight[0]), limit)
+        if narrow is not None:
+            cut = np.minimum(cut, narrow(cut, limit))
         pruned = bool((cut < rooms).any())
         rooms = cut
     width = max(int(rooms.max(initial=0)), 1)

@@ -47,7 +47,7 @@ import numpy as np
 from ..engine import report
 from ..schedule import iteration_times
 from . import _groups as groups
-from ._critical import split_bounds
+from ._critical import segment_rooms, split_bounds
 from ._partial import CHAINS, GRID, Bounds
 from ._segments import SegmentTable
 from ._ties import tie_key
@@ -66,9 +66,11 @@ PASSES = (1 / 64, 1 / 16, 1 / 4, 1.0)
 LONG_PASS = 2_000
 #: Partial splits a pass that ends may expand before the best splits are improved right after it
 #: (the next pass, with a larger cut, would run long: the cost of a pass grows steeply with its cut).
-EARLY_PASS = LONG_PASS // 4
+EARLY_PASS = LONG_PASS // 10
 #: Fewest nodes in a chunk of the walk.
 MIN_CHUNK = 64
+#: Most segments under a limit that :meth:`Simulated.rooms` bounds one by one (more: left as they are).
+NARROW_SEGMENTS = 2_000_000
 
 
 def _kth(values: np.ndarray, k: int) -> float:
@@ -355,8 +357,9 @@ class Simulated:
 
     def __init__(self, micro_batches: int, stage_times: Callable[[int, int, int], tuple[float, float]],
                  forward_low: np.ndarray, forward_high: np.ndarray, max_bytes: int | None = None,
-                 total: float = 0.0, stages: int = 1):
+                 total: float = 0.0, stages: int = 1, fastest: np.ndarray | None = None):
         self.m, self.stage_times = micro_batches, stage_times
+        self.fastest = None if fastest is None else np.asarray(fastest, dtype=np.float64)
         self.forward_low = np.asarray(forward_low, dtype=np.float64)
         self.forward_high = np.asarray(forward_high, dtype=np.float64)
         self.max_bytes, self.total, self.stages = max_bytes, float(total), int(stages)
@@ -368,21 +371,40 @@ class Simulated:
             self._kept = (table, Bounds(table, self.m, self.forward_low, self.forward_high), self._kept[2])
         return self._kept[1]
 
+    def rooms(self, rooms: np.ndarray, limit: float) -> np.ndarray:
+        """``rooms[s, a]`` under ``limit`` cut to the segments that a split within the reach of
+        ``limit`` may use (unchanged before a first k-th best is known, or without ``fastest``,
+        or over ``NARROW_SEGMENTS`` segments)."""
+        if self._kept[2] is None or self.fastest is None or not math.isfinite(limit) \
+                or int(rooms.sum()) > NARROW_SEGMENTS:
+            return rooms
+        return segment_rooms(rooms, self.m, self.fastest, self.forward_low, self.forward_high, self.reach(limit))
+
+    def _first(self, B: Bounds, k: int) -> tuple | None:
+        """The first splits kept from an earlier table for k, those in ``B``'s table (the
+        k-th best of them is: its segments are within the reach of this table's limit)."""
+        if self._kept[2] is None or self._kept[2][0] != k:
+            return None
+        splits, low, high = self._kept[2][1]
+        inside = (splits <= B.T.width).all(axis=1)  # (a narrower table holds no longer stage)
+        inside[inside] = np.isfinite(B.times(splits[inside])[0]).all(axis=1)
+        return splits[inside], low[inside], high[inside]
+
     def first(self, limit: float) -> float:
         """The limit an even split's closed form ``(M + P - 1) F / P`` would ask for."""
         return self.limit_for((self.m + self.stages - 1) * self.total / self.stages)
 
     def upper(self, table: SegmentTable, k: int) -> float:
         """An upper bound on the k-th best score (``inf`` when none was found for it)."""
-        earlier = self._kept[2][1][0] if self._kept[2] is not None and self._kept[2][0] == k else None
         B = self._bounds(table)
-        first = first_bound(B, k, earlier)
+        kept = self._first(B, k)
+        first = first_bound(B, k, None if kept is None else kept[0])
         self._kept = (table, B, (k, first))
         return _kth(first[2], k) * (1 + SLACK)
 
     def top(self, table: SegmentTable, k: int) -> list[tuple]:
         B = self._bounds(table)
-        first = self._kept[2][1] if self._kept[2] is not None and self._kept[2][0] == k else None
+        first = self._first(B, k)
         return top_simulated(table, k, self.m, self.stage_times, self.forward_low, self.forward_high,
                              self.max_bytes, B, first)
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from gpuknap.schedule import iteration_times, order
-from gpuknap.search._critical import caps, split_bounds
+from gpuknap.search._critical import caps, segment_floor, segment_rooms, split_bounds
 
 
 class Schedule:
@@ -206,3 +206,43 @@ def test_the_quick_bounds_equal_the_plain_formula_bit_for_bit(seed):
     with np.errstate(invalid="ignore"):
         want, got = plain_bounds(t, f_low, f_high, m), split_bounds(t, f_low, f_high, m, chains=False)
     assert np.array_equal(want, got, equal_nan=True)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_segment_floor_is_below_every_split_using_the_segment(seed):
+    """Random layers (a fastest time, a forward range) and random plans: each stage takes at
+    least its layers' fastest time, a forward time within its layers' range; the floor of
+    every stage's segment is at most the simulated time of the split."""
+    rng = np.random.default_rng(7700 + seed)
+    layers, p, m = int(rng.integers(2, 14)), 0, int(rng.integers(1, 12))
+    p = int(rng.integers(1, min(layers, 7) + 1))
+    fl = rng.choice([0.0, 0.5, 1.0, 2.0], layers)
+    fh = fl + rng.choice([0.0, 0.0, 0.5, 3.0], layers)
+    x = rng.choice([0.5, 1.0, 3.0, 6.0], layers)
+    fastest, low, high = (np.concatenate(([0.0], np.cumsum(v))) for v in (x, fl, fh))
+    for _ in range(40):
+        counts = rng.multinomial(layers - p, np.ones(p) / p) + 1
+        ends = np.cumsum(counts)
+        starts = ends - counts
+        f = rng.uniform(low[ends] - low[starts], high[ends] - high[starts])
+        t = np.maximum(fastest[ends] - fastest[starts], f) + rng.choice([0.0, 0.0, 1.0, 4.0], p)
+        sim = iteration_times(f[None, :, None], (t - f)[None, :, None], m)[0]
+        floor = segment_floor(np.arange(p), starts, ends, p, m, fastest, low, high)
+        assert (floor <= sim * (1 + 1e-12)).all(), (counts, floor, sim)
+
+
+def test_segment_rooms_keeps_exactly_the_segments_whose_floor_is_within_the_score():
+    """Each (stage, start) keeps lengths up to the longest whose floor is within the score."""
+    rng = np.random.default_rng(5)
+    layers, p, m = 12, 4, 6
+    fl = rng.choice([0.5, 1.0], layers)
+    fastest, low, high = (np.concatenate(([0.0], np.cumsum(v))) for v in (fl * 3, fl, fl * 2))
+    rooms = rng.integers(0, 6, (p, layers + 1))
+    rooms = np.minimum(rooms, layers - np.arange(layers + 1))[:, :]
+    for score in (30.0, 60.0, 120.0):
+        cut = segment_rooms(rooms, m, fastest, low, high, score)
+        for s in range(p):
+            for a in range(layers + 1):
+                ok = [n for n in range(1, rooms[s, a] + 1)
+                      if segment_floor(np.array(s), np.array(a), np.array(a + n), p, m, fastest, low, high) <= score]
+                assert cut[s, a] == max(ok, default=0), (s, a, score)

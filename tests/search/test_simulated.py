@@ -184,3 +184,25 @@ def test_an_earlier_tables_cheap_bound_certifies_a_later_table():
         rounds.send(Table(limit))
     assert done.value.value == [((1,), 9.5)]
     assert score.uppers == [5.0] and score.tops == [limit]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_tables_narrowed_by_the_segment_floor_equal_brute_force(seed, monkeypatch):
+    """Rounds after the first leave out the segments whose floor is above the reach of the
+    limit; searched against brute force, with a first limit low enough that later rounds
+    run, and the cut checked to leave segments out."""
+    import gpuknap.search._simulated as search_simulated
+
+    cut = []
+    rooms = search_simulated.segment_rooms
+
+    def counted(before, *args):
+        after = rooms(before, *args)
+        cut.append(int(before.sum() - after.sum()))
+        return after
+
+    monkeypatch.setattr(search_simulated, "segment_rooms", counted)
+    monkeypatch.setattr(search_simulated.Simulated, "first", lambda self, limit: limit)
+    for offset in range(3):
+        equals_brute_force(random.Random(8100 + 10 * seed + offset), 2 + (seed + offset) % 5)
+    assert len(cut) > 0 and sum(cut) > 0
