@@ -217,12 +217,14 @@ def _run_waves(n: int, plan: tuple, fwd: np.ndarray, bwd: np.ndarray, p2p: float
     durations = np.stack((fwd, bwd)).transpose(0, 2, 3, 1).reshape(-1, fwd.shape[0])  # [kind, stage, chunk] x B
     ends = np.zeros((n + 1, fwd.shape[0]))  # row n: the 0.0 of "no operation before"
     for lo, hi, dep, prev, row, cross in plan:
-        ready = ends[dep]
+        out = ends[lo:hi]  # written in place (the gathers below are copies)
         if p2p and cross is not None:
+            ready = ends[dep]
             ready[cross] += p2p
-        np.maximum(ends[prev], ready, out=ready)
-        ready += durations[row]
-        ends[lo:hi] = ready
+            np.maximum(ends[prev], ready, out=out)
+        else:
+            np.maximum(ends[prev], ends[dep], out=out)
+        out += durations[row]
     return ends[:n].max(axis=0)
 
 

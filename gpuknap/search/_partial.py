@@ -12,6 +12,7 @@ remaining stages, kept for a grid of "largest backward time placed" values.
 from __future__ import annotations
 
 import math
+from functools import reduce
 
 import numpy as np
 
@@ -36,6 +37,23 @@ def _distinct(values: np.ndarray) -> np.ndarray:
         return values
     new = np.concatenate(([True], values[1:] > values[:-1] + 1e-9 * np.abs(values[:-1]) + 1e-12))
     return values[new]
+
+
+class _Slot:
+    """A child's per-chain field: its parent's row with slot ``k`` replaced by ``value``
+    (``[N, width]`` per parent and child, one number for all, or None: the parent's own).
+    Indexed by ``[parent, j]`` as the ``[N, width, CHAINS]`` array it stands for (that
+    array is never built: every child shares its parent's other slots)."""
+
+    def __init__(self, rows: np.ndarray, k: int, value):
+        self.rows, self.k, self.value = rows, k, value
+
+    def __getitem__(self, index: tuple) -> np.ndarray:
+        parent, j = index
+        out = self.rows[parent]
+        if self.value is not None:
+            out[:, self.k] = self.value[parent, j] if isinstance(self.value, np.ndarray) else self.value
+        return out
 
 
 class Bounds:
@@ -174,18 +192,19 @@ class Bounds:
             live = (st["zl"] > 0)[:, None, :]
             zr = np.where(live, st["zr"][:, None, :] + 2 * tt - st["zc"][:, None, :], -math.inf)
             zb = np.maximum(st["zb"][:, None, :] + tt, zr)
-            zl = np.broadcast_to(np.maximum(st["zl"] - 1, 0)[:, None, :], zb.shape).copy()
-            zc = np.broadcast_to(st["zc"][:, None, :], zb.shape).copy()
+            zl = np.maximum(st["zl"] - 1, 0)  # per parent: the same for every child but in slot k
             k = s % CHAINS  # the slot of this stage's chain: fold the chain it held
             new["h1"] = np.maximum(new["h1"], zb[:, :, k])
             if s < T.p - 1 and m - w >= 2 and w >= 2:
                 c = (t - fh) + np.maximum(0.0, st["bmax"][:, None] - (t - fl))
                 zr[:, :, k] = pre + (m - w) * t + w * c
-                zb[:, :, k], zc[:, :, k], zl[:, :, k] = zr[:, :, k], c, w - 1
+                zb[:, :, k] = zr[:, :, k]
+                new["zc"], new["zl"] = _Slot(st["zc"], k, c), _Slot(zl, k, w - 1)
             else:
-                zr[:, :, k], zb[:, :, k], zl[:, :, k] = -math.inf, -math.inf, 0
-            new.update(zb=zb, zr=zr, zc=zc, zl=zl)
-            h1_all = np.maximum(new["h1"], zb.max(axis=2))
+                zr[:, :, k], zb[:, :, k] = -math.inf, -math.inf
+                new["zc"], new["zl"] = _Slot(st["zc"], k, None), _Slot(zl, k, 0)
+            new.update(zb=zb, zr=zr)
+            h1_all = reduce(np.maximum, [zb[:, :, i] for i in range(CHAINS)], new["h1"])  # (a max over a short axis is slow)
             rest = self.rest[s + 1][at]
             g = np.maximum(np.searchsorted(self.grid, new["bmax"], side="right") - 1, 0)
             bound = np.maximum.reduce([new["h0"], h1_all + rest, new["h2"] + 2 * rest,
