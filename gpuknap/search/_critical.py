@@ -62,18 +62,23 @@ def _least(alpha: int | np.ndarray, beta: int | np.ndarray, t: np.ndarray, f_low
 
 
 def stage_terms(s: int, stages: int, m: int, t: np.ndarray, f_low: np.ndarray, f_high: np.ndarray,
-                forward_max: np.ndarray | float, backward_max: np.ndarray | float) -> tuple:
+                forward_max: np.ndarray | float | None, backward_max: np.ndarray | float) -> tuple:
     """Stage s's terms of the bounds, grouped by what multiplies ``Suf_s`` (0, 1, 2), without
     ``Pre_s``: ``forward_max`` / ``backward_max`` are lower bounds on the largest forward and
-    backward time among the stages before s (for the bumps)."""
+    backward time among the stages before s (for the bumps); ``forward_max=None``: no forward
+    bump (the same numbers as 0 with forward times >= 0, in less time)."""
     w, c, a = (int(x[s]) for x in caps(stages, m))
-    bump_f = c * np.maximum(0.0, forward_max - f_high)
     bump_b = c * np.maximum(0.0, backward_max - (t - f_low))
-    h0 = m * t + bump_f + bump_b
+    if forward_max is None:
+        h0 = m * t + bump_b
+    else:
+        bump_f = c * np.maximum(0.0, forward_max - f_high)
+        h0 = m * t + bump_f + bump_b
     if s == stages - 1:
         none = np.full(np.shape(h0), -np.inf)
         return h0, none, none
-    h1 = np.maximum(least(a, m, t, f_low, f_high) + bump_b, least(m, a, t, f_low, f_high) + bump_f)
+    after = least(m, a, t, f_low, f_high)
+    h1 = np.maximum(least(a, m, t, f_low, f_high) + bump_b, after if forward_max is None else after + bump_f)
     h2 = (m - w) * t if m - w >= 2 else np.full(np.shape(h0), -np.inf)
     return h0, h1, h2
 

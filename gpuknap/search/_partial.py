@@ -120,13 +120,14 @@ class Bounds:
             after = np.where(valid, rest[s + 1][ends], math.inf)
             dead = ~np.isfinite(t) | ~np.isfinite(after)
             with np.errstate(invalid="ignore"):
-                h0, h1, h2 = stage_terms(s, p, self.m, t, fl, fh, 0.0, q)
+                h0, h1, h2 = stage_terms(s, p, self.m, t, fl, fh, None, q)  # nothing placed before
                 # the later stages see this stage's backward time among the largest before them
                 lifted = np.searchsorted(self.grid, np.maximum(q, (t - fh)[None]), side="right") - 1
                 later = np.where(valid[None], worst[lifted, s + 1, ends[None]], math.inf)
                 value = np.maximum(np.maximum(t + later, h0), np.maximum(h1 + after, h2 + 2 * after))
                 value[:, dead] = math.inf
-                worst[:, s, a] = value.min(axis=2)
+                worst[:, s, a] = reduce(np.minimum, value.transpose(2, 0, 1)) if value.shape[2] <= 8 \
+                    else value.min(axis=2)  # (a min over a short axis is slow)
         self.rest, self.worst = rest, worst
 
     def start(self) -> dict:
