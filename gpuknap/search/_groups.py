@@ -62,12 +62,11 @@ def children(st: dict, new: dict, parent: np.ndarray, j: np.ndarray, B) -> dict:
     bounds from below (:meth:`._partial.Bounds.order`) joins that leader.  The nodes left
     keep the order of their first child; their edges lead to ``st``'s nodes."""
     c = len(parent)
-    state = {k: new[k][parent, j] for k in B.STATE}
-    group, keep = _same(np.concatenate([np.asarray(state[k], dtype=np.float64).reshape(c, -1) for k in B.STATE],
-                                       axis=1))
-    state = {k: v[keep] for k, v in state.items()}
+    rows = np.concatenate([np.asarray(new[k][parent, j], dtype=np.float64).reshape(c, -1) for k in B.STATE], axis=1)
+    group, keep = _same(rows)
+    rows = rows[keep]
     paths = np.bincount(group, weights=st["paths"][parent], minlength=len(keep))
-    target = _below(*B.order(state))
+    target = _below(*B.order_rows(rows))
     total = np.bincount(target, weights=paths, minlength=len(target))
     crowded = (target != np.arange(len(target))) & (total[target] > JOIN_PATHS)
     target[crowded] = np.flatnonzero(crowded)
@@ -75,7 +74,7 @@ def children(st: dict, new: dict, parent: np.ndarray, j: np.ndarray, B) -> dict:
     rank = np.empty(len(target), dtype=np.int64)
     rank[heads] = np.arange(len(heads))
     node = rank[target[group]]
-    out = {k: v[heads] for k, v in state.items()}
+    out = B.fields(rows[heads])
     order = np.argsort(node, kind="stable")
     out["link"] = (st["link"], st["paths"], parent[order], j[order], node[order])
     out["paths"] = np.bincount(node, weights=st["paths"][parent], minlength=len(heads))

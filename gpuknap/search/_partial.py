@@ -162,12 +162,33 @@ class Bounds:
         chain opened by the stage placed starts at ``pre + (m - w) t + w c`` with
         ``c`` growing with the largest backward time, and its ends ``i = 0`` and
         ``i = w - 1`` grow with ``pre`` and ``c``, so the new chains keep the order too."""
+        return Bounds.order_rows(Bounds.rows(st))
+
+    @staticmethod
+    def rows(st: dict) -> np.ndarray:
+        """The ``STATE`` fields of the partial splits ``st`` as one float row each (the counts
+        ``a`` and ``zl`` are small integers: exact as floats)."""
         n = len(st["a"])
-        same = np.concatenate((st["a"].reshape(n, 1).astype(np.float64), st["zl"].reshape(n, -1)), axis=1)
-        ends = st["zr"] - st["zl"] * st["zc"]
-        lower = np.concatenate([st[k].reshape(n, -1) for k in ("pre", "fmax", "bmax", "h0", "h1", "h2", "zb", "zr")]
-                               + [ends.reshape(n, -1)], axis=1)
-        return same, lower
+        return np.concatenate([np.asarray(st[k], dtype=np.float64).reshape(n, -1) for k in Bounds.STATE], axis=1)
+
+    @staticmethod
+    def fields(rows: np.ndarray) -> dict:
+        """:meth:`rows` back to the ``STATE`` fields."""
+        c = CHAINS
+        out = {k: rows[:, i] for i, k in enumerate(Bounds.STATE[:7])}
+        out["a"] = out["a"].astype(np.int64)
+        for i, k in enumerate(("zb", "zr", "zc", "zl")):
+            out[k] = rows[:, 7 + i * c:7 + (i + 1) * c]
+        out["zl"] = out["zl"].astype(np.int64)
+        return out
+
+    @staticmethod
+    def order_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`order` on :meth:`rows`."""
+        c = CHAINS
+        zr, zc, zl = rows[:, 7 + c:7 + 2 * c], rows[:, 7 + 2 * c:7 + 3 * c], rows[:, 7 + 3 * c:]
+        same = np.concatenate((rows[:, :1], zl), axis=1)
+        return same, np.concatenate((rows[:, 1:7 + 2 * c], zr - zl * zc), axis=1)
 
     def expand(self, s: int, st: dict) -> tuple[np.ndarray, dict]:
         """Every child of the partial splits ``st`` (stages 0..s-1 placed) taking stage s:
