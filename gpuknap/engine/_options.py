@@ -200,6 +200,9 @@ class FrontTable:
         self.relaxed = bool(relaxed)
         self._cache: dict[tuple, Front] = {}
         self._times: dict[Hashable, list[float]] = {}
+        #: Verdicts of stage problems on this table, kept by :func:`._problem.verdict` (a search's
+        #: rounds classify the same problems again), up to ``VERDICTS_KEPT`` of them.
+        self.verdicts: dict = {}
 
     def get(self, kind: Hashable, in_flight: int) -> Front:
         """The front of ``kind`` at ``in_flight`` (validated on first use)."""

@@ -112,8 +112,24 @@ def kept_bytes(terms: Iterable[tuple[int, float]]) -> float:
         return float("inf")
 
 
+#: Most verdicts a FrontTable keeps (each a few hundred bytes with its problem).
+VERDICTS_KEPT = 200_000
+
+
 def verdict(problem: StageProblem, table: FrontTable) -> Verdict:
-    """Decide how ``problem`` is answered (the contract's steps 1-3)."""
+    """Decide how ``problem`` is answered (the contract's steps 1-3); kept on ``table``."""
+    try:
+        known = table.verdicts.get(problem)
+    except TypeError:  # an unhashable kind: its own error comes from the fronts
+        return _verdict(problem, table)
+    if known is None:
+        known = _verdict(problem, table)
+        if len(table.verdicts) < VERDICTS_KEPT:
+            table.verdicts[problem] = known
+    return known
+
+
+def _verdict(problem: StageProblem, table: FrontTable) -> Verdict:
     fronts = fronts_of(problem, table)
     if problem.budget < 0:
         return Verdict(INFEASIBLE)

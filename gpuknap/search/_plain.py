@@ -91,7 +91,8 @@ class SegmentSource:
         self._narrow: Any = None  # the score's own cut of the segments, when it has one (``rounds``)
 
     def plan(self, limit: float) -> list[tuple]:
-        cover = len(self.variants) == 1  # a variant's table alone may not cover what another holds
+        # a variant's table alone may not cover what another holds; a later round has the same rooms
+        cover = len(self.variants) == 1 and not self._plans
         if self._spaces is None:
             self._spaces = [search_space(v, self.stages, t, self.in_flight) for v, t in zip(self.variants, self.tables)]
         self._plans = [plan_segments(v, self.stages, t, self.in_flight, limit, cover, space, self._narrow)
