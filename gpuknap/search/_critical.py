@@ -67,20 +67,38 @@ def stage_terms(s: int, stages: int, m: int, t: np.ndarray, f_low: np.ndarray, f
     ``Pre_s``: ``forward_max`` / ``backward_max`` are lower bounds on the largest forward and
     backward time among the stages before s (for the bumps); ``forward_max=None``: no forward
     bump (the same numbers as 0 with forward times >= 0, in less time)."""
+    if forward_max is None:
+        return terms_of(stage_parts(s, stages, m, t, f_low, f_high), backward_max)
     w, c, a = (int(x[s]) for x in caps(stages, m))
     bump_b = c * np.maximum(0.0, backward_max - (t - f_low))
-    if forward_max is None:
-        h0 = m * t + bump_b
-    else:
-        bump_f = c * np.maximum(0.0, forward_max - f_high)
-        h0 = m * t + bump_f + bump_b
+    bump_f = c * np.maximum(0.0, forward_max - f_high)
+    h0 = m * t + bump_f + bump_b
     if s == stages - 1:
         none = np.full(np.shape(h0), -np.inf)
         return h0, none, none
-    after = least(m, a, t, f_low, f_high)
-    h1 = np.maximum(least(a, m, t, f_low, f_high) + bump_b, after if forward_max is None else after + bump_f)
+    h1 = np.maximum(least(a, m, t, f_low, f_high) + bump_b, least(m, a, t, f_low, f_high) + bump_f)
     h2 = (m - w) * t if m - w >= 2 else np.full(np.shape(h0), -np.inf)
     return h0, h1, h2
+
+
+def stage_parts(s: int, stages: int, m: int, t: np.ndarray, f_low: np.ndarray, f_high: np.ndarray) -> tuple:
+    """What :func:`stage_terms` without a forward bump computes before the backward bump
+    (the same for every ``backward_max``): kept by a caller that asks for many."""
+    w, c, a = (int(x[s]) for x in caps(stages, m))
+    last = s == stages - 1
+    return (c, m * t, t - f_low, last, None if last else least(a, m, t, f_low, f_high),
+            None if last else least(m, a, t, f_low, f_high), (m - w) * t if not last and m - w >= 2 else None)
+
+
+def terms_of(parts: tuple, backward_max: np.ndarray | float) -> tuple:
+    """:func:`stage_terms` without a forward bump, from :func:`stage_parts`."""
+    c, mt, back, last, up, down, h2 = parts
+    bump_b = c * np.maximum(0.0, backward_max - back)
+    h0 = mt + bump_b
+    if last:
+        none = np.full(np.shape(h0), -np.inf)
+        return h0, none, none
+    return h0, np.maximum(up + bump_b, down), np.full(np.shape(h0), -np.inf) if h2 is None else h2
 
 
 def split_bounds(t: np.ndarray, f_low: np.ndarray, f_high: np.ndarray, micro_batches: int,

@@ -17,7 +17,7 @@ from functools import reduce
 import numpy as np
 
 from ..schedule import bound_iteration_times
-from ._critical import stage_terms
+from ._critical import stage_parts, stage_terms, terms_of
 from ._segments import SegmentTable
 
 #: Open "up again through m stages" terms a partial split keeps.
@@ -64,6 +64,7 @@ class Bounds:
         self.T, self.m = T, m
         self.fl = T.pull(forward_low, 0.0) - forward_low[:, None]  # [a, j]: least forward of layers a:a+1+j
         self.fh = T.pull(forward_high, 0.0) - forward_high[:, None]
+        self._stages()
         self.refine(FIRST_GRID)
 
     def refine(self, points: int, splits: np.ndarray | None = None) -> None:
@@ -93,14 +94,13 @@ class Bounds:
 
     def _share(self) -> float:
         """An even share of the split: the least sum of stage times over the stages."""
-        T = self.T
-        rest = np.full(T.n1, math.inf)
-        rest[T.n1 - 1] = 0.0
-        for s in range(T.p - 1, -1, -1):
-            rest = (T.band[s] + T.pull(rest, math.inf)).min(axis=1)
-        return float(rest[0]) / T.p if math.isfinite(rest[0]) else math.inf
+        first = self.rest[0, 0]
+        return float(first) / self.T.p if math.isfinite(first) else math.inf
 
-    def _programs(self) -> None:
+    def _stages(self) -> None:
+        """What the remaining stages' bound needs whatever its grid: the least sum of the
+        remaining stage times (``rest``), and per stage the layers it can start at with the
+        terms of its segments there before the backward bump."""
         T, p = self.T, self.T.p
         rest = np.full((p + 1, T.n1), math.inf)
         rest[p, T.n1 - 1] = 0.0
@@ -111,24 +111,33 @@ class Bounds:
         for s in range(p):
             a = np.flatnonzero(reach[s])
             reach[s + 1, T.ends[a][np.isfinite(T.band[s][a]) & T.valid[a]]] = True
-        worst = np.full((len(self.grid), p + 1, T.n1), math.inf)  # inf where no partial split starts
-        worst[:, p, T.n1 - 1] = -math.inf
-        q = self.grid[:, None, None]
-        for s in range(p - 1, -1, -1):
+        self.rest, self._per_stage = rest, []
+        for s in range(p):
             a = np.flatnonzero(reach[s] & np.isfinite(rest[s]))
             t, fl, fh, ends, valid = T.band[s][a], self.fl[a], self.fh[a], T.ends[a], T.valid[a]
             after = np.where(valid, rest[s + 1][ends], math.inf)
             dead = ~np.isfinite(t) | ~np.isfinite(after)
             with np.errstate(invalid="ignore"):
-                h0, h1, h2 = stage_terms(s, p, self.m, t, fl, fh, None, q)  # nothing placed before
+                parts = stage_parts(s, p, self.m, t, fl, fh)
+            self._per_stage.append((a, t, t - fh, ends, valid, after, dead, parts))
+
+    def _programs(self) -> None:
+        T, p = self.T, self.T.p
+        worst = np.full((len(self.grid), p + 1, T.n1), math.inf)  # inf where no partial split starts
+        worst[:, p, T.n1 - 1] = -math.inf
+        q = self.grid[:, None, None]
+        for s in range(p - 1, -1, -1):
+            a, t, back, ends, valid, after, dead, parts = self._per_stage[s]
+            with np.errstate(invalid="ignore"):
+                h0, h1, h2 = terms_of(parts, q)  # nothing placed before: no forward bump
                 # the later stages see this stage's backward time among the largest before them
-                lifted = np.searchsorted(self.grid, np.maximum(q, (t - fh)[None]), side="right") - 1
+                lifted = np.searchsorted(self.grid, np.maximum(q, back[None]), side="right") - 1
                 later = np.where(valid[None], worst[lifted, s + 1, ends[None]], math.inf)
                 value = np.maximum(np.maximum(t + later, h0), np.maximum(h1 + after, h2 + 2 * after))
                 value[:, dead] = math.inf
                 worst[:, s, a] = reduce(np.minimum, value.transpose(2, 0, 1)) if value.shape[2] <= 8 \
                     else value.min(axis=2)  # (a min over a short axis is slow)
-        self.rest, self.worst = rest, worst
+        self.worst = worst
 
     def start(self) -> dict:
         zero, none = np.zeros(1), np.full((1, CHAINS), -math.inf)
