@@ -20,7 +20,7 @@ import numpy as np
 from ..engine import Assignment, LayerOption, Layers, PipelineChoice, StageChoice
 from ._closed_form import ClosedForm
 from ._model import PipelineModel
-from ._simulated import Simulated
+from ._simulated_score import Simulated
 from ._slowest import Slowest
 
 FRAMEWORKS = ("megatron", "mindformers")

@@ -29,7 +29,7 @@ from ._closed_form import ClosedForm
 from ._model import PipelineModel
 from ._rounds import Solver, certified_rounds, first_limit, run_rounds
 from ._segments import SegmentTable, fastest_prefix, plan_segments, search_space
-from ._simulated import Simulated
+from ._simulated_score import Simulated
 from ._slowest import Slowest
 
 #: The option of a kind whose every option a variant excludes: more memory than any device.

@@ -191,18 +191,18 @@ def test_tables_narrowed_by_the_segment_floor_equal_brute_force(seed, monkeypatc
     """Rounds after the first leave out the segments whose floor is above the reach of the
     limit; searched against brute force, with a first limit low enough that later rounds
     run, and the cut checked to leave segments out."""
-    import gpuknap.search._simulated as search_simulated
+    import gpuknap.search._simulated_score as score
 
     cut = []
-    rooms = search_simulated.segment_rooms
+    rooms = score.segment_rooms
 
     def counted(before, *args):
         after = rooms(before, *args)
         cut.append(int(before.sum() - after.sum()))
         return after
 
-    monkeypatch.setattr(search_simulated, "segment_rooms", counted)
-    monkeypatch.setattr(search_simulated.Simulated, "first", lambda self, limit: limit)
+    monkeypatch.setattr(score, "segment_rooms", counted)
+    monkeypatch.setattr(score.Simulated, "first", lambda self, limit: limit)
     for offset in range(3):
         equals_brute_force(random.Random(8100 + 10 * seed + offset), 2 + (seed + offset) % 5)
     assert len(cut) > 0 and sum(cut) > 0
