@@ -113,7 +113,7 @@ def kept_bytes(terms: Iterable[tuple[int, float]]) -> float:
 
 
 #: Most verdicts a FrontTable keeps (each a few hundred bytes with its problem).
-VERDICTS_KEPT = 200_000
+VERDICTS_KEPT = 50_000
 
 
 def verdict(problem: StageProblem, table: FrontTable) -> Verdict:

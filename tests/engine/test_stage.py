@@ -181,3 +181,22 @@ def test_checkpointed_traceback_gives_the_same_choice(fr, gs, budget):
         finally:
             stage_mod._stride = old
         assert got == want
+
+
+def test_verdicts_kept_on_their_table_equal_fresh_ones(monkeypatch):
+    """A verdict kept on a FrontTable is the one computed afresh (each table keeps its own:
+    the relaxed table rounds budgets up), and a table keeps at most VERDICTS_KEPT."""
+    from gpuknap.engine import FrontTable, _problem
+
+    rng = np.random.default_rng(3)
+    monkeypatch.setattr(_problem, "VERDICTS_KEPT", 10)
+    fronts = {k: [LayerOption(f"o{i}", float(rng.integers(1, 9)), 1.0 + i, 2.0 + i) for i in range(3)]
+              for k in "AB"}
+    tables = [FrontTable(fronts, 3.0), FrontTable(fronts, 3.0, relaxed=True)]
+    for _ in range(60):
+        groups = [Layers(k, int(rng.integers(1, 4)), int(rng.integers(1, 4))) for k in "AB"]
+        problem = _problem.canonical(groups, float(rng.integers(0, 60)))
+        for table in tables:
+            first = _problem.verdict(problem, table)
+            assert first == _problem._verdict(problem, table) == _problem.verdict(problem, table)
+    assert all(len(table.verdicts) == 10 for table in tables)
