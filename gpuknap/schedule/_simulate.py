@@ -161,21 +161,21 @@ def _iteration_times(forward: Any, backward: Any, micro_batches: Any, schedule: 
     micro_batches = int(micro_batches)
     if batch == 0:
         return np.zeros(0)
-    n, plan = _wave_plan(*_key(schedule, p, v, micro_batches, group))
+    n, plan, joined = _wave_plan(*_key(schedule, p, v, micro_batches, group))
     step = max(1, BATCH_BYTES // (8 * (n + 1)))
     out = np.empty(batch)
     for lo in range(0, batch, step):
-        out[lo:lo + step] = _run_waves(n, plan, fwd[lo:lo + step], bwd[lo:lo + step], float(p2p))
+        out[lo:lo + step] = _run_waves(n, plan, joined, fwd[lo:lo + step], bwd[lo:lo + step], float(p2p))
     return out
 
 
 @lru_cache(maxsize=64)
-def _wave_plan(schedule: str, p: int, v: int, m: int, group: int | None) -> tuple[int, tuple]:
+def _wave_plan(schedule: str, p: int, v: int, m: int, group: int | None) -> tuple[int, tuple, tuple]:
     """The operation count and, per wave of :func:`levels`, its operations (a range:
     operations are numbered in wave order), the operations they wait for and follow on
     their stage (``n``: none, the row of 0.0), the row of each one's duration in a
     ``[kind * P * v + stage * v + chunk, batch]`` table, and its operations whose input
-    crosses virtual stages (None when none do)."""
+    crosses virtual stages (None when none do); and :func:`_joined` of it."""
     seq, waves = sequence(schedule, p, v, m, group), levels(schedule, p, v, m, group)
     n = len(seq.stage)
     at = np.empty(n + 1, dtype=np.int64)  # each operation's number in wave order; n stays n
@@ -189,7 +189,7 @@ def _wave_plan(schedule: str, p: int, v: int, m: int, group: int | None) -> tupl
         ops = waves.order[lo:hi]
         cross = seq.cross[ops]
         plan.append((lo, hi, dep[ops], prev[ops], row[ops], cross if cross.any() else None))
-    return n, tuple(plan)
+    return n, tuple(plan), _joined(plan)
 
 
 def _times(values: Any, name: str, strict: bool = True) -> np.ndarray:
@@ -213,19 +213,46 @@ def _check_p2p(p2p: Any) -> None:
         raise ValueError(f"p2p must be a finite time >= 0, got {p2p!r}")
 
 
-def _run_waves(n: int, plan: tuple, fwd: np.ndarray, bwd: np.ndarray, p2p: float) -> np.ndarray:
+def _run_waves(n: int, plan: tuple, joined: tuple, fwd: np.ndarray, bwd: np.ndarray, p2p: float) -> np.ndarray:
     durations = np.stack((fwd, bwd)).transpose(0, 2, 3, 1).reshape(-1, fwd.shape[0])  # [kind, stage, chunk] x B
     ends = np.zeros((n + 1, fwd.shape[0]))  # row n: the 0.0 of "no operation before"
-    for lo, hi, dep, prev, row, cross in plan:
-        out = ends[lo:hi]  # written in place (the gathers below are copies)
-        if p2p and cross is not None:
+    if p2p and any(cross is not None for *_, cross in plan):
+        for lo, hi, dep, prev, row, cross in plan:
             ready = ends[dep]
-            ready[cross] += p2p
-            np.maximum(ends[prev], ready, out=out)
-        else:
-            np.maximum(ends[prev], ends[dep], out=out)
-        out += durations[row]
+            if cross is not None:
+                ready[cross] += p2p
+            np.maximum(ends[prev], ready, out=ready)
+            ready += durations[row]
+            ends[lo:hi] = ready
+        return ends[:n].max(axis=0)
+    # each wave: one gather of what its operations follow and wait for, written in place
+    # (the same maxima and additions); durations in wave order up front while they stay small
+    rows, waves = joined
+    if n * fwd.shape[0] <= SMALL_BATCH:
+        ordered = durations[rows]
+        for lo, hi, both, k in waves:
+            before = ends[both]
+            out = ends[lo:hi]
+            np.maximum(before[:k], before[k:], out=out)
+            out += ordered[lo:hi]
+    else:
+        for lo, hi, both, k in waves:
+            before = ends[both]
+            out = ends[lo:hi]
+            np.maximum(before[:k], before[k:], out=out)
+            out += durations[rows[lo:hi]]
     return ends[:n].max(axis=0)
+
+
+#: Most (operation, pipeline) durations gathered in wave order before the waves run.
+SMALL_BATCH = 2**18
+
+
+def _joined(plan: tuple) -> tuple:
+    """Per wave of a :func:`_wave_plan`: ``(lo, hi, prev and dep joined, their split)``, and
+    every operation's duration row in wave order."""
+    rows = np.concatenate([row for *_, row, _ in plan]) if plan else np.zeros(0, dtype=np.int64)
+    return rows, tuple((lo, hi, np.concatenate((prev, dep)), hi - lo) for lo, hi, dep, prev, _, _ in plan)
 
 
 def in_flight_table(stages: int, chunks: int, micro_batches: int, schedule: str | None = None,

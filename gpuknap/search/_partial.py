@@ -255,10 +255,11 @@ class Bounds:
         stage = np.arange(self.T.p)[None, :]
         return self.T.band[stage, starts, splits - 1], self.fl[starts, splits - 1], self.fh[starts, splits - 1]
 
-    def simulate(self, splits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def simulate(self, splits: np.ndarray, times: tuple | None = None) -> tuple[np.ndarray, np.ndarray]:
         """``(low, high)`` simulated times of complete splits, each stage's forward time taken
-        least and most (equal where the options of a kind share their forward time)."""
-        t, fl, fh = self.times(splits)
+        least and most (equal where the options of a kind share their forward time);
+        ``times``: their :meth:`times`, when known."""
+        t, fl, fh = self.times(splits) if times is None else times
         high = bound_iteration_times(fh[:, :, None], (t - fl)[:, :, None], self.m)
         if np.array_equal(fl, fh):
             return high, high

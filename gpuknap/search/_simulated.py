@@ -64,6 +64,8 @@ LONG_PASS = 2_000
 #: Partial splits a pass that ends may expand before the best splits are improved right after it
 #: (the next pass, with a larger cut, would run long: the cost of a pass grows steeply with its cut).
 EARLY_PASS = LONG_PASS // 10
+#: Fewest rows of layer moves that are bounded before they are simulated.
+FILTER_ROWS = 256
 #: Fewest nodes in a chunk of the walk.
 MIN_CHUNK = 64
 
@@ -119,11 +121,12 @@ def _better(B: Bounds, rows: np.ndarray, value: float) -> tuple[np.ndarray, floa
         t, fl, fh = B.times(rows)
         keep = np.isfinite(t).all(axis=1)
         rows, t, fl, fh = rows[keep], t[keep], fl[keep], fh[keep]
-        if len(rows) > 256:  # (on fewer rows the filter costs more than it saves)
-            rows = rows[split_bounds(t, fl, fh, B.m, chains=False) < value]
+        if len(rows) > FILTER_ROWS:  # (on fewer rows the filter costs more than it saves)
+            keep = split_bounds(t, fl, fh, B.m, chains=False) < value
+            rows, t, fl, fh = rows[keep], t[keep], fl[keep], fh[keep]
     if not len(rows):
         return None
-    low, high = B.simulate(rows)
+    low, high = B.simulate(rows, (t, fl, fh))
     best = int(np.argmin(high))
     return (rows[best], float(low[best]), float(high[best])) if high[best] < value else None
 
