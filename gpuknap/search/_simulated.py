@@ -260,9 +260,11 @@ def _transfers(B: Bounds, found: _Found, rounds: int = 50) -> tuple[np.ndarray, 
     give, take = np.nonzero(~np.eye(p, dtype=bool))
     reached, lows, highs = [], [], []
     for _ in range(rounds):
-        rows = np.repeat(split[None, :], len(give), axis=0)
-        rows[np.arange(len(give)), give] -= 1
-        rows[np.arange(len(give)), take] += 1
+        ok = (split[give] > 1) & (split[take] < B.T.width)  # the moves _better would keep
+        g, t = give[ok], take[ok]
+        rows = np.repeat(split[None, :], len(g), axis=0)
+        rows[np.arange(len(g)), g] -= 1
+        rows[np.arange(len(g)), t] += 1
         step = _better(B, rows, value)
         if step is None:
             break
