@@ -228,19 +228,12 @@ def _run_waves(n: int, plan: tuple, joined: tuple, fwd: np.ndarray, bwd: np.ndar
     # each wave: one gather of what its operations follow and wait for, written in place
     # (the same maxima and additions); durations in wave order up front while they stay small
     rows, waves = joined
-    if n * fwd.shape[0] <= SMALL_BATCH:
-        ordered = durations[rows]
-        for lo, hi, both, k in waves:
-            before = ends[both]
-            out = ends[lo:hi]
-            np.maximum(before[:k], before[k:], out=out)
-            out += ordered[lo:hi]
-    else:
-        for lo, hi, both, k in waves:
-            before = ends[both]
-            out = ends[lo:hi]
-            np.maximum(before[:k], before[k:], out=out)
-            out += durations[rows[lo:hi]]
+    ordered = durations[rows] if n * fwd.shape[0] <= SMALL_BATCH else None
+    for lo, hi, both, k in waves:
+        before = ends[both]
+        out = ends[lo:hi]
+        np.maximum(before[:k], before[k:], out=out)
+        out += durations[rows[lo:hi]] if ordered is None else ordered[lo:hi]
     return ends[:n].max(axis=0)
 
 

@@ -67,34 +67,28 @@ def stage_terms(s: int, stages: int, m: int, t: np.ndarray, f_low: np.ndarray, f
     ``Pre_s``: ``forward_max`` / ``backward_max`` are lower bounds on the largest forward and
     backward time among the stages before s (for the bumps); ``forward_max=None``: no forward
     bump (the same numbers as 0 with forward times >= 0, in less time)."""
-    if forward_max is None:
-        return terms_of(stage_parts(s, stages, m, t, f_low, f_high), backward_max)
-    w, c, a = (int(x[s]) for x in caps(stages, m))
-    bump_b = c * np.maximum(0.0, backward_max - (t - f_low))
-    bump_f = c * np.maximum(0.0, forward_max - f_high)
-    h0 = m * t + bump_f + bump_b
-    if s == stages - 1:
-        none = np.full(np.shape(h0), -np.inf)
-        return h0, none, none
-    h1 = np.maximum(least(a, m, t, f_low, f_high) + bump_b, least(m, a, t, f_low, f_high) + bump_f)
-    h2 = (m - w) * t if m - w >= 2 else np.full(np.shape(h0), -np.inf)
-    return h0, h1, h2
+    return terms_of(stage_parts(s, stages, m, t, f_low, f_high), backward_max, forward_max)
 
 
 def stage_parts(s: int, stages: int, m: int, t: np.ndarray, f_low: np.ndarray, f_high: np.ndarray) -> tuple:
-    """What :func:`stage_terms` without a forward bump computes before the backward bump
-    (the same for every ``backward_max``): kept by a caller that asks for many."""
+    """What :func:`stage_terms` computes before the bumps (the same for every largest forward
+    and backward time placed before): kept by a caller that asks for many."""
     w, c, a = (int(x[s]) for x in caps(stages, m))
     last = s == stages - 1
-    return (c, m * t, t - f_low, last, None if last else least(a, m, t, f_low, f_high),
+    return (c, m * t, t - f_low, f_high, last, None if last else least(a, m, t, f_low, f_high),
             None if last else least(m, a, t, f_low, f_high), (m - w) * t if not last and m - w >= 2 else None)
 
 
-def terms_of(parts: tuple, backward_max: np.ndarray | float) -> tuple:
-    """:func:`stage_terms` without a forward bump, from :func:`stage_parts`."""
-    c, mt, back, last, up, down, h2 = parts
+def terms_of(parts: tuple, backward_max: np.ndarray | float, forward_max: np.ndarray | float | None = None) -> tuple:
+    """:func:`stage_terms` from :func:`stage_parts` (no forward bump when ``forward_max`` is None)."""
+    c, mt, back, f_high, last, up, down, h2 = parts
     bump_b = c * np.maximum(0.0, backward_max - back)
-    h0 = mt + bump_b
+    if forward_max is None:
+        h0 = mt + bump_b
+    else:
+        bump_f = c * np.maximum(0.0, forward_max - f_high)
+        h0 = mt + bump_f + bump_b
+        down = None if last else down + bump_f
     if last:
         none = np.full(np.shape(h0), -np.inf)
         return h0, none, none
@@ -175,22 +169,3 @@ def segment_floor(stage: np.ndarray, start: np.ndarray, end: np.ndarray, stages:
     a = caps(stages, m)[2][stage]
     over = np.maximum(m * x - (m - a) * f, a * x + (m - a) * f)
     return np.maximum(fastest[start] + m * x, fastest[-1] - x + over)
-
-
-def segment_rooms(rooms: np.ndarray, micro_batches: int, fastest: np.ndarray, f_low: np.ndarray,
-                  f_high: np.ndarray, score: float) -> np.ndarray:
-    """``rooms[s, a]`` (how many layers stage s may take from layer a) cut to the longest
-    segment whose :func:`segment_floor` is at most ``score`` (with a slack far above the
-    prefix sums' rounding): every split using a segment cut simulates slower than ``score``."""
-    stages, starts = rooms.shape
-    flat = rooms.ravel()
-    total = int(flat.sum())
-    cell = np.repeat(np.arange(flat.size), flat)
-    length = np.arange(1, total + 1) - np.repeat(np.cumsum(flat) - flat, flat)
-    stage, start = np.divmod(cell, starts)
-    floor = segment_floor(stage, start, start + length, stages, micro_batches, fastest, f_low, f_high)
-    slack = 1e-9 * (abs(score) + abs(float(fastest[-1])))
-    out = np.zeros(flat.size, dtype=rooms.dtype)
-    keep = floor <= score + slack
-    np.maximum.at(out, cell[keep], length[keep])
-    return out.reshape(rooms.shape)

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..engine import INFEASIBLE, MEGABYTE, FrontTable, report, solve_problems, verdict
 from ._classify import KindIndex, classify, kind_index
+from ._critical import segment_floor
 
 
 def segment_times(model: Any, stage_in_flight: np.ndarray, seg_stage: np.ndarray, seg_start: np.ndarray,
@@ -186,6 +187,30 @@ def fastest_prefix(model: Any, fronts: FrontTable, index: KindIndex, in_flight: 
     return np.concatenate(([0.0], np.cumsum(fastest[index.codes])))
 
 
+def each_segment(rooms: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every segment the rooms allow, as ``(stage, start, length - 1)`` arrays, stage by stage and
+    start by start, shortest first."""
+    flat = rooms.ravel()
+    cell = np.repeat(np.arange(flat.size), flat)  # one entry per segment: its (s, a)
+    j = np.arange(int(flat.sum())) - np.repeat(np.cumsum(flat) - flat, flat)
+    stage, start = np.divmod(cell, rooms.shape[1])
+    return stage, start, j
+
+
+def segment_rooms(rooms: np.ndarray, micro_batches: int, fastest: np.ndarray, f_low: np.ndarray,
+                  f_high: np.ndarray, score: float) -> np.ndarray:
+    """``rooms[s, a]`` (how many layers stage s may take from layer a) cut to the longest
+    segment whose :func:`._critical.segment_floor` is at most ``score`` (with a slack far above
+    the prefix sums' rounding): every split using a segment cut simulates slower than ``score``."""
+    stage, start, j = each_segment(rooms)
+    floor = segment_floor(stage, start, start + j + 1, rooms.shape[0], micro_batches, fastest, f_low, f_high)
+    slack = 1e-9 * (abs(score) + abs(float(fastest[-1])))
+    keep = floor <= score + slack
+    out = np.zeros(rooms.shape, dtype=rooms.dtype)
+    np.maximum.at(out, (stage[keep], start[keep]), j[keep] + 1)
+    return out
+
+
 def _cut_rooms(rooms: np.ndarray, prefix: np.ndarray, limit: float) -> np.ndarray:
     """Rooms shortened to the segments whose fastest-options time is at most ``limit``
     (with a slack far above the rounding of the prefix sums, so only segments
@@ -269,10 +294,7 @@ def plan_segments(model: Any, stages: int, fronts: FrontTable, in_flight: Any = 
             f"an exhaustive search of {stages} stages over {n} layers would classify up to {total:,} segments "
             f"(over {MAX_SEGMENTS:,}); rank candidate splits with model.rank instead")
     report("segments", 0, total)
-    flat = rooms.ravel()
-    cell = np.repeat(np.arange(flat.size), flat)  # one entry per segment: its (s, a)
-    j = np.arange(total) - np.repeat(np.cumsum(flat) - flat, flat)
-    seg_s, seg_a = np.divmod(cell, n + 1)
+    seg_s, seg_a, j = each_segment(rooms)
     ids, problems = classify(model, index, np.asarray(inflight, dtype=np.int64)[seg_s], seg_a, seg_a + 1 + j)
     report("segments", total, total)
     verdicts = [verdict(problem, fronts) for problem in problems]

@@ -9,9 +9,8 @@ from typing import Callable
 import numpy as np
 
 from ..schedule import iteration_times
-from ._critical import segment_rooms
 from ._partial import Bounds
-from ._segments import SegmentTable
+from ._segments import SegmentTable, segment_rooms
 from ._simulated import SLACK, _kth, first_bound, search
 from ._ties import tie_key
 

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from gpuknap.schedule import iteration_times, order
-from gpuknap.search._critical import caps, segment_floor, segment_rooms, split_bounds
+from gpuknap.search._critical import caps, segment_floor, split_bounds
+from gpuknap.search._segments import segment_rooms
 
 
 class Schedule:
