@@ -135,7 +135,7 @@ def first_bound(B: Bounds, top: int, earlier: np.ndarray | None = None) -> tuple
     """Some good splits with their ``(low, high)`` simulated times: a beam by bound, the beam's
     best splits with their stage sizes sorted (longest stages first, and last), then moves of
     one boundary from the best while the simulated time falls.  ``earlier``: the splits of a
-    smaller table of the same search (every one of them is in this table too), used instead
+    smaller table of the same search that are in this table too, used instead
     of a beam when at least ``top``."""
     if earlier is not None and len(earlier) >= top:
         low, high = B.simulate(earlier)
@@ -260,11 +260,9 @@ def _transfers(B: Bounds, found: _Found, rounds: int = 50) -> tuple[np.ndarray, 
     give, take = np.nonzero(~np.eye(p, dtype=bool))
     reached, lows, highs = [], [], []
     for _ in range(rounds):
-        ok = (split[give] > 1) & (split[take] < B.T.width)  # the moves _better would keep
-        g, t = give[ok], take[ok]
-        rows = np.repeat(split[None, :], len(g), axis=0)
-        rows[np.arange(len(g)), g] -= 1
-        rows[np.arange(len(g)), t] += 1
+        rows = np.repeat(split[None, :], len(give), axis=0)
+        rows[np.arange(len(give)), give] -= 1
+        rows[np.arange(len(give)), take] += 1
         step = _better(B, rows, value)
         if step is None:
             break

@@ -75,7 +75,7 @@ class Simulated:
         self._kept: tuple = (None, None, None)
 
     def _bounds(self, table: SegmentTable) -> Bounds:
-        if self._kept[0] is not table:  # the splits found on the last table stay (tables only grow)
+        if self._kept[0] is not table:  # the splits found on the last table stay (see _first)
             self._kept = (table, Bounds(table, self.m, self.forward_low, self.forward_high), self._kept[2])
         return self._kept[1]
 
