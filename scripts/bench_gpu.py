@@ -42,6 +42,18 @@ from gpuknap.engine._batch import Knapsack, build_chunk, plan_chunks  # noqa: E4
 from gpuknap.engine._solve import _upload, run_chunk  # noqa: E402
 
 BYTES_PER_CELL = 16
+#: Synthetic batches ``(rows, buckets, steps, options)``: full run, then ``--quick``.
+SYNTHETIC = [(4096, 65536, 12, 4), (1024, 65536, 24, 4), (512, 65536, 24, 64)]
+SYNTHETIC_QUICK = [(256, 65536, 8, 4), (64, 65536, 8, 64)]
+#: Bytes the copy rate is measured on: full run, then ``--quick``.
+COPY_BYTES, COPY_BYTES_QUICK = 4 * 2**30, 2**30
+
+
+def sweep_grid(quick: bool) -> dict:
+    """The sweep's grid (bench_sweep.py's); ``quick``: the first two values of each axis."""
+    from bench_sweep import GRID
+
+    return {k: v[:2] for k, v in GRID.items()} if quick else GRID
 
 
 def make_batch(rows, buckets, steps, options, seed=0):
@@ -143,8 +155,7 @@ def cpu_seconds(chunks, repeat: int = 1):
 
 
 def synthetic_rows(args, gpu, peak) -> None:
-    shapes = [(256, 65536, 8, 4), (64, 65536, 8, 64)] if args.quick else \
-        [(4096, 65536, 12, 4), (1024, 65536, 24, 4), (512, 65536, 24, 64)]
+    shapes = SYNTHETIC_QUICK if args.quick else SYNTHETIC
     print("\n## Synthetic batches (every row a knapsack chain)\n")
     print("| rows | buckets | options | steps | cell-options | CPU pass (s) | kernel-only (s) | achieved GB/s "
           "| % of copy peak | cell-options/s | host-inclusive (s) | kernel / host | bit-identical |")
@@ -170,11 +181,11 @@ def synthetic_rows(args, gpu, peak) -> None:
 def sweep_batches(quick: bool, backend: str) -> list:
     """The chunks of every DP batch of the sweep at 1 MiB as ``backend`` plans them."""
     from bench_engine import capture
-    from bench_sweep import BATCH, GPUS, GRID, LLAMA
+    from bench_sweep import BATCH, GPUS, LLAMA
 
     from gpuknap import MEGABYTE, sweep
 
-    grid = {k: v[:2] for k, v in GRID.items()} if quick else GRID
+    grid = sweep_grid(quick)
     return capture(lambda b: sweep(LLAMA, grid, gpus=GPUS, global_batch=BATCH, backend=b, bucket=MEGABYTE), backend)
 
 
@@ -187,6 +198,9 @@ def replay_rows(args, gpu, peak) -> None:
     for label, backend in plans:
         chunks = sweep_batches(args.quick, backend)
         levels = [lv for c in chunks for lv in c.levels]
+        if not levels:
+            print(f"| {label} | 0 | - | 0 | (no stage of this grid needs the DP) |", flush=True)
+            continue
         cells, work = cell_options(chunks)
         shape = (f"{int(np.median([lv.rows for lv in levels]))} x "
                  f"{int(np.median([lv.width for lv in levels])):,}")
@@ -209,11 +223,11 @@ def replay_rows(args, gpu, peak) -> None:
 
 def sweep_rows(args, gpu) -> None:
     """The sweep at 1 MiB end to end, once on the CPU's best backend and once on CuPy: same rows."""
-    from bench_sweep import BATCH, GPUS, GRID, LLAMA
+    from bench_sweep import BATCH, GPUS, LLAMA
 
     from gpuknap import MEGABYTE, sweep
 
-    grid = {k: v[:2] for k, v in GRID.items()} if args.quick else GRID
+    grid = sweep_grid(args.quick)
     cpu = "numba" if numba_available()[0] else "numpy"
     print("\n## The sweep at 1 MiB end to end\n")
     print("| backend | configurations | seconds | rows identical to the CPU's |")
@@ -245,7 +259,7 @@ def main():
         cp = gpu.xp
         props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
         name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
-        peak = copy_peak(cp, (1 if args.quick else 4) * 2**30)
+        peak = copy_peak(cp, COPY_BYTES_QUICK if args.quick else COPY_BYTES)
         print(f"# device {name}; measured device-to-device copy: {peak / 1e9:,.0f} GB/s (read + write), "
               "the peak every '% of copy peak' below is against", flush=True)
     if "synthetic" in args.part:

@@ -114,6 +114,9 @@ class Backend:
         """Working memory a batch may use when ``max_bytes`` is None."""
         if self.is_gpu:
             free, _total = self.xp.cuda.runtime.memGetInfo()
+            pool = getattr(self.xp, "get_default_memory_pool", None)
+            if pool is not None:  # blocks CuPy's pool keeps from earlier batches are ours to reuse
+                free += pool().free_bytes()
             return int(free * GPU_FREE_SHARE)
         return min(CPU_DEFAULT_CAP, _available_host_bytes() // 4)
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._passes import MAX_TABLE_WIDTH as MAX_WIDTH
+
 _SOURCE = r"""
 extern "C" __global__
 void minplus_pass(const double* __restrict__ prev, const long long prev_width,
@@ -57,8 +59,16 @@ def _kernel(cp: Any) -> Any:
 def minplus_pass(cp: Any, prev: Any, parent: Any, weights: Any, times: Any, width: int) -> Any:
     """Launch one level on CuPy (the module ``cp``): ``prev [P, Wp]``, ``parent [R]`` int64,
     tables ``[R, O]``."""
+    # CuPy passes an array to a kernel as its data pointer alone: dtypes and layout must be
+    # the kernel's own (no copy when they already are)
     prev = cp.ascontiguousarray(prev, dtype=cp.float64)
+    parent = cp.ascontiguousarray(parent, dtype=cp.int64)
+    weights = cp.ascontiguousarray(weights, dtype=cp.int32)
+    times = cp.ascontiguousarray(times, dtype=cp.float64)
     rows, n_options = weights.shape
+    if width > MAX_WIDTH:
+        raise ValueError(f"a row of {width:,} buckets is wider than the CUDA kernel's 32-bit weights allow "
+                         f"({MAX_WIDTH:,}); use a larger bucket")
     out = cp.empty((rows, width), dtype=cp.float64)
     if rows == 0 or width == 0:
         return out

@@ -132,16 +132,22 @@ def pass_level_tables(xp: Any, prev: Any, parent: Any, weights: Any, times: Any,
     return out
 
 
+#: Widest row the option tables serve: their weights are 32-bit, so a weight clamped to this
+#: must still be over every bucket of the row (wider rows are refused before any pass).
+MAX_TABLE_WIDTH = int(np.iinfo(np.int32).max)
+
+
 def option_tables(segments: Sequence[Segment], rows: int) -> tuple[np.ndarray, np.ndarray]:
     """Per-row option tables ``weights [rows, O]`` (int32) and ``times [rows, O]``.
 
     Rows with fewer options are padded with inert options (weight 0, time inf).
+    Weights over :data:`MAX_TABLE_WIDTH` are clamped to it (they fit no row).
     """
     width = max((len(s.weights) for s in segments), default=1)
     weights = np.zeros((rows, width), dtype=np.int32)
     times = np.full((rows, width), np.inf, dtype=np.float64)
     for seg in segments:
         n = len(seg.weights)
-        weights[seg.start:seg.stop, :n] = np.minimum(seg.weights, np.iinfo(np.int32).max)
+        weights[seg.start:seg.stop, :n] = np.minimum(seg.weights, MAX_TABLE_WIDTH)
         times[seg.start:seg.stop, :n] = seg.times
     return weights, times

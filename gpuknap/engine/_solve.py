@@ -15,6 +15,7 @@ import numpy as np
 from ._backend import Backend, get_backend
 from ._batch import Chunk, Knapsack, build_chunk, plan_chunks
 from ._options import FrontTable, check_int
+from ._passes import MAX_TABLE_WIDTH
 from ._problem import FASTEST, KNAPSACK, StageProblem, verdict
 from ._work import check_work, report
 
@@ -86,6 +87,10 @@ def solve_knapsacks(problems: Sequence[Knapsack], table: FrontTable, backend: Ba
               for entries in plan_chunks(problems, limit, table.bucket, backend.chunk_bytes(limit))]
     total = sum(chunk.cells for chunk in chunks)
     check_work(total, table.bucket, f"solving {len(problems):,} stage problems")
+    widest = max(chunk.root_width for chunk in chunks)
+    if backend.uses_tables and widest > MAX_TABLE_WIDTH:
+        raise ValueError(f"a stage of {widest:,} buckets is wider than the {backend.name} pass's 32-bit option "
+                         f"weights allow ({MAX_TABLE_WIDTH:,}); use a larger bucket (--bucket)")
     done = 0
 
     def tick(cells: int) -> None:
