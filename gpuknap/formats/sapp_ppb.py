@@ -50,10 +50,18 @@ def entry_options(entry: dict, where: str) -> list[LayerOption]:
     time = _number(entry, "time", where)
     forward = _number(entry, "forward_time", where, default=time)
     if entry.get("type") in ("HEAD", "TAIL"):
+        extra = [key for row in RECOMPUTE for key in row[1:4] if key in entry]
+        if extra:  # the balancer never reads them there: a profile saying otherwise would be misread
+            raise ValueError(f"{where}: a {entry['type']} entry has one option (forward time, backward twice "
+                             f"'time', no activation memory), so {extra[0]!r} would be ignored; remove it")
         return [LayerOption(entry["type"], 0.0, forward, 2 * time)]
     options = []
     for name, mem_key, time_key, coef_key, coef in RECOMPUTE:
         if mem_key not in entry:
+            orphan = next((key for key in (time_key, coef_key) if key in entry), None)
+            if orphan is not None:  # an option exists only with its memory key
+                raise ValueError(f"{where}: {orphan!r} is given but {mem_key!r} is not, so the {name} option "
+                                 f"would not exist and {orphan!r} would be ignored; add {mem_key!r} or remove it")
             continue
         memory = _number(entry, mem_key, where) * MEGABYTE
         backward = _number(entry, time_key, where, default=0.0)
@@ -85,7 +93,9 @@ def profile_layers(data: Any, path: str) -> tuple[list, dict, dict]:
         check_keys(entry, ENTRY_KEYS, where)
         if entry.get("type") not in TYPES:
             raise ValueError(f"{where}.type must be one of {TYPES}, got {entry.get('type')!r}")
-        count = entry.get("nb_layer", 1)
+        if "nb_layer" not in entry:
+            raise ValueError(f"{where}: missing 'nb_layer' (how many consecutive layers the entry describes)")
+        count = entry["nb_layer"]
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             raise ValueError(f"{where}.nb_layer must be an integer >= 0, got {count!r}")
         if len(kinds) + count > MAX_LAYERS:
@@ -95,7 +105,7 @@ def profile_layers(data: Any, path: str) -> tuple[list, dict, dict]:
             raise ValueError(f"{where}.name must be a string, got {type(name).__name__}")
         kind = name if name not in fronts else f"{name}#{i}"
         fronts[kind] = entry_options(entry, where)
-        static[kind] = _number(entry, "memory_parameter", where, default=0.0) * MEGABYTE
+        static[kind] = _number(entry, "memory_parameter", where) * MEGABYTE
         kinds.extend([kind] * count)
     if not kinds:
         raise ValueError(f"{path}: layers_description: the profile has no layers (every nb_layer is 0)")

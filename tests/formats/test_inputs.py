@@ -49,6 +49,35 @@ def test_sapp_ppb_bad_profile_names_the_field(tmp_path):
         sapp_ppb.read_profile(path)
 
 
+@pytest.mark.parametrize("entry, field", [
+    (lambda e: e.pop("memory_parameter"), "missing 'memory_parameter'"),  # was read as 0: no static memory
+    (lambda e: e.pop("nb_layer"), "missing 'nb_layer'"),  # was read as 1 layer
+    (lambda e: e.update(recompute_time=300), "'recompute_time' is given but 'memory_recompute' is not"),
+    (lambda e: e.update(recompute_coef=0.3), "'recompute_coef' is given but 'memory_recompute' is not"),
+    (lambda e: e.pop("memory_activation") and e.update(backward_coef=0.1), "'backward_coef' is given but"),
+])
+def test_sapp_ppb_fields_that_would_be_misread_are_refused(tmp_path, entry, field):
+    """The spec's entries always carry nb_layer and memory_parameter, and an option exists only
+    with its memory key: a profile without them would be read with another meaning."""
+    data = json.load(open(SAMPLE))
+    entry(data["layers_description"][1])
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"layers_description\[1\]: " + field):
+        sapp_ppb.read_profile(path)
+
+
+@pytest.mark.parametrize("key", ["memory_activation", "backward_time", "select_rec_coef", "memory_recompute"])
+@pytest.mark.parametrize("index", [0, 2])
+def test_sapp_ppb_head_and_tail_refuse_recompute_keys(tmp_path, key, index):
+    data = json.load(open(SAMPLE))
+    data["layers_description"][index][key] = 10
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=rf"layers_description\[{index}\]: a (HEAD|TAIL) entry .* {key!r}"):
+        sapp_ppb.read_profile(path)
+
+
 def test_sapp_load_and_spec_agree_on_the_demo():
     a = sapp_ppb.load(SAMPLE, "56000MB", 32)
     b = load_spec(os.path.join(EXAMPLES, "demo.json")).model
