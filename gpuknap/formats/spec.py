@@ -142,11 +142,14 @@ def load_spec(path: str | os.PathLike, *, capacity: Any = None, micro_batches: i
     name = f.text(data["name"], "name") if "name" in data else os.path.basename(path)
     device = f.mapping(data.get("device", {}), "device", DEVICE)
     pipeline = f.mapping(data.get("pipeline", {}), "pipeline", PIPELINE)
-    dev = _device(f, device, training)
+    preset, fields_ = spec_device(f, data)
+    dev = _device(f, preset, fields_, training)
     if capacity is None:
-        if "capacity" in device:
+        if "device" in training or "memory" in (training.get("device_fields") or {}):
+            capacity = dev.memory  # the flags' device over the file's: its memory is the capacity
+        elif "capacity" in device:
             capacity = f.quantity(device["capacity"], "device.capacity", "bytes", positive=True)
-        elif analytic or "preset" in device or "device" in training:
+        elif analytic or preset is not None:
             capacity = dev.memory
         else:
             raise f.fail("device.capacity", "missing (the device memory, e.g. '80 GiB', or a device preset)")
@@ -230,19 +233,42 @@ def config_from(data: Mapping[str, Any], where: str = "transformer") -> Transfor
         raise ValueError(str(exc).replace("transformer.", f"{where}.", 1)) from None
 
 
-def _device(f: Fields, section: Mapping, training: dict) -> Any:
-    """The device of a spec: the keywords' (``--device`` and friends) over the spec's ``device``
-    section (``preset`` and any field of :class:`gpuknap.costs.Device`), over the default preset."""
-    preset = section.get("preset")
+#: A transformer section's device keys -> the device section's keys saying the same.
+TRANSFORMER_DEVICE = {"device": "preset", "peak_flops": "peak_flops", "efficiency": "efficiency",
+                      "gpus_per_node": "gpus_per_node"}
+
+
+def spec_device(f: Fields, data: Mapping) -> tuple[str | None, dict]:
+    """``(preset, fields)`` of the device a spec describes: its ``device`` section (``preset`` and
+    any field of :class:`gpuknap.costs.Device`) and its ``transformer`` section's ``device``,
+    ``peak_flops``, ``efficiency`` and ``gpus_per_node`` (the same things said there; saying one
+    in both places is refused)."""
+    section = f.mapping(data.get("device", {}), "device", DEVICE)
+    transformer = data.get("transformer")
+    said = dict(section)
+    for key, target in TRANSFORMER_DEVICE.items():
+        if isinstance(transformer, Mapping) and transformer.get(key) is not None:
+            if target in section:
+                raise f.fail(f"transformer.{key}", f"the device section gives device.{target} too; say it once")
+            said[target] = transformer[key]
+    preset = said.get("preset")
     if preset is not None and not isinstance(preset, str):
-        raise f.fail("device.preset", f"expected a device name, got {short(preset)}")
+        where = "device.preset" if "preset" in section else "transformer.device"
+        raise f.fail(where, f"expected a device name, got {short(preset)}")
     fields_ = {}
-    for key, value in section.items():
+    for key, value in said.items():
         if key in ("capacity", "reserved", "preset"):
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise f.fail(f"device.{key}", f"expected a number, got {short(value)}")
+            where = f"device.{key}" if key in section else f"transformer.{key}"
+            raise f.fail(where, f"expected a number, got {short(value)}")
         fields_[key] = value
+    return preset, fields_
+
+
+def _device(f: Fields, preset: str | None, fields_: dict, training: dict) -> Any:
+    """The device of a spec: the keywords' (``--device`` and friends) over the spec's own
+    (:func:`spec_device`), over the default preset."""
     try:
         base = costs_device(preset, **fields_)
     except ValueError as exc:

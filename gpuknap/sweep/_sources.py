@@ -14,7 +14,8 @@ from typing import Any
 from ..costs import TransformerConfig, transformer_model
 from ..engine import MEGABYTE
 from ..formats import config_from, hf, load_spec, read_document
-from ..formats._fields import default_reserved, device_of
+from ..formats._fields import Fields, default_reserved, device_of
+from ..formats.spec import spec_device
 from ..search import PipelineModel
 
 
@@ -25,8 +26,11 @@ class TransformerBuilder:
     #: A layer's times depend only on :data:`gpuknap.sweep._prune.TIME_KEYS` of a configuration.
     shares_layer_times = True
 
-    def __init__(self, base: TransformerConfig, capacity: float | None, reserved: float | None, device: dict):
+    def __init__(self, base: TransformerConfig, capacity: float | None, reserved: float | None, device: dict,
+                 file_device: tuple | None = None):
         self.base, self.capacity, self.reserved, self.device = base, capacity, reserved, device
+        #: ``(preset, fields, capacity)`` of the spec's own device, for configurations of no other device
+        self.file_device = file_device
         self.layers = base.layers + (2 if base.vocab else 0)
 
     def __call__(self, config: dict) -> PipelineModel:
@@ -37,8 +41,14 @@ class TransformerBuilder:
         c = replace(self.base, tensor_parallel=config["tensor_parallel"], micro_batch=config["micro_batch_size"],
                     data_parallel=config["data_parallel"], pipeline_parallel=config["stages"],
                     context_parallel=config.get("context_parallel") or 1)
-        dev = device_for(self.device, config)
-        capacity = dev.memory if self.capacity is None else self.capacity
+        keywords, capacity = self.device, self.capacity
+        if self.file_device is not None and config.get("device") is None:  # the spec's device: all of it
+            preset, fields_, own = self.file_device
+            keywords = {**keywords, "device": preset,
+                        "device_fields": {**fields_, **(keywords.get("device_fields") or {})}}
+            capacity = own if capacity is None else capacity
+        dev = device_for(keywords, config)
+        capacity = dev.memory if capacity is None else capacity
         reserved = default_reserved(capacity) if self.reserved is None else self.reserved
         return transformer_model(c, capacity, config["micro_batches"], reserved, dev)
 
@@ -97,10 +107,11 @@ def builder_of(source: Any, capacity: Any, reserved: Any, seq: Any, bucket: Any,
     spec = load_spec(path, capacity=capacity, micro_batches=1, bucket=bucket, reserved=reserved, **device)
     base = config_from(data["transformer"])
     section = data.get("device", {}) if isinstance(data.get("device"), dict) else {}
-    own_capacity = capacity is not None or "capacity" in section
     own_reserved = reserved is not None or "reserved" in section
-    if "preset" in section and "device" not in device:
-        device["device"] = section["preset"]
-    return (TransformerBuilder(base, spec.model.capacity if own_capacity else None,
-                               spec.model.reserved if own_reserved else None, device), spec.name,
+    file_device = None
+    if "device" not in device:  # the spec's device, unless --device or the grid names another one
+        preset, fields_ = spec_device(Fields(path), data)
+        file_device = (preset, fields_, spec.model.capacity if "capacity" in section else None)
+    return (TransformerBuilder(base, spec.model.capacity if capacity is not None else None,
+                               spec.model.reserved if own_reserved else None, device, file_device), spec.name,
             MEGABYTE if spec.bucket is None else spec.bucket, base.seq)

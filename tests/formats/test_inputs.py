@@ -137,3 +137,61 @@ def test_yaml_and_json_specs_load():
     assert s.model.layers == 98  # embedding + 96 layers + output
 
 
+
+
+def _spec(tmp_path, name, data):
+    path = tmp_path / name
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+BASE = {"transformer": {"preset": "gpt3-175b"}, "pipeline": {"stages": 8, "micro_batches": 64}}
+
+
+def test_a_transformer_sections_device_is_the_device_sections(tmp_path):
+    """``transformer.device`` (and its peak, efficiency, GPUs per node) say what ``device:``
+    says: both give the same model; saying one in both places is refused by name."""
+    from gpuknap.costs import device
+
+    inner = _spec(tmp_path, "a.json", {**BASE, "transformer": {"preset": "gpt3-175b", "device": "a100-40gb",
+                                                                "efficiency": 0.3, "gpus_per_node": 4}})
+    outer = _spec(tmp_path, "b.json", {**BASE, "device": {"preset": "a100-40gb", "efficiency": 0.3,
+                                                          "gpus_per_node": 4}})
+    plain = _spec(tmp_path, "c.json", BASE)
+    a, b, c = (load_spec(p).model for p in (inner, outer, plain))
+    assert a.capacity == b.capacity == device("a100-40gb").memory != c.capacity
+    assert a.fronts == b.fronts and a.fronts != c.fronts and a.static == b.static
+    both = _spec(tmp_path, "d.json", {**BASE, "transformer": {"preset": "gpt3-175b", "efficiency": 0.3},
+                                      "device": {"efficiency": 0.4}})
+    with pytest.raises(ValueError, match="transformer.efficiency: .*device.efficiency too"):
+        load_spec(both)
+
+
+def test_the_device_flag_sets_the_capacity_over_the_files(tmp_path):
+    from gpuknap.costs import device
+
+    demo = os.path.join(EXAMPLES, "demo.json")
+    assert load_spec(demo).model.capacity == 56000 * MEGABYTE
+    assert load_spec(demo, device="a100-40gb").model.capacity == device("a100-40gb").memory
+    assert load_spec(demo, device="a100-40gb", capacity="30 GiB").model.capacity == 30 * 2**30
+    gpt = os.path.join(EXAMPLES, "gpt3_175b.yaml")
+    assert load_spec(gpt, device="a100-40gb").model.capacity == device("a100-40gb").memory
+
+
+def test_a_sweep_builds_the_specs_own_device(tmp_path):
+    """The sweep rebuilds each configuration's model with the spec's device (its section's fields
+    included) and its capacity, unless a flag or the grid names another device."""
+    from gpuknap.sweep import builder_of
+
+    path = _spec(tmp_path, "s.json", {**BASE, "device": {"preset": "a100-80gb", "efficiency": 0.3,
+                                                         "capacity": "70 GiB"}})
+    builder = builder_of(path, None, None, None, None)[0]
+    config = {"tensor_parallel": 8, "micro_batch_size": 1, "data_parallel": 1, "stages": 8, "micro_batches": 64}
+    want = load_spec(path, tensor_parallel=8, micro_batch=1, data_parallel=1).model
+    got = builder(config)
+    assert got.fronts == want.fronts and got.capacity == want.capacity == 70 * 2**30
+    other = builder({**config, "device": "h100"})  # the grid's device: its own memory and speed
+    flag = load_spec(path, tensor_parallel=8, micro_batch=1, data_parallel=1, device="h100").model
+    assert other.capacity == flag.capacity and other.fronts == flag.fronts != got.fronts
+    bare = _spec(tmp_path, "h.json", {**BASE, "device": {"preset": "h100"}})  # --device replaces the whole device
+    assert load_spec(bare, tensor_parallel=8, micro_batch=1, data_parallel=1).model.fronts == flag.fronts
