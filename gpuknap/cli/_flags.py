@@ -64,13 +64,23 @@ def device_field(text: str) -> tuple[str, float]:
     key, sep, value = text.partition("=")
     if not sep or not key.strip():
         raise argparse.ArgumentTypeError(f"expected FIELD=VALUE such as inter_bandwidth=25e9, got {text[:40]!r}")
+    key = key.strip()
     try:
         number = float(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{key.strip()}: expected a number, got {value[:40]!r}") from None
+        if key != "memory":
+            raise argparse.ArgumentTypeError(f"{key}: expected a number, got {value[:40]!r}") from None
+        from ..formats import parse_quantity  # noqa: PLC0415 - the one field with units
+        try:
+            return key, parse_quantity(value.strip(), "bytes", "memory")
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    if key == "memory" and 0 < number < 2**30:  # a device of under 1 GiB: a size given without its unit
+        raise argparse.ArgumentTypeError(f"memory: {value[:40]!r} bytes is under 1 GiB; give the unit "
+                                         f"(memory=80GiB) or the bytes")
     if not math.isfinite(number):
-        raise argparse.ArgumentTypeError(f"{key.strip()}: expected a finite number, got {value[:40]!r}")
-    return key.strip(), int(number) if key.strip() == "gpus_per_node" and number.is_integer() else number
+        raise argparse.ArgumentTypeError(f"{key}: expected a finite number, got {value[:40]!r}")
+    return key, int(number) if key == "gpus_per_node" and number.is_integer() else number
 
 
 def number(low: float, what: str, cast: Callable = float) -> Callable[[str], Any]:

@@ -163,7 +163,9 @@ def _per_segment(value: Any, field_: str, path: str, stages: int, chunks: int, l
             x = row if isinstance(row, bool) else row[s]
             if not isinstance(x, int):
                 raise ValueError(f"{path}: {field_}[{c}][{s}]: expected an integer or true/false, got {x!r}")
-            out.append(layers[i] if x is True else 0 if x is False else min(max(x, 0), layers[i]))
+            if x < 0:  # as a flat list's: a negative count is a mistake, not "none"
+                raise ValueError(f"{path}: {field_}[{c}][{s}]: {x} is negative; give 0 for no layer")
+            out.append(layers[i] if x is True else 0 if x is False else min(x, layers[i]))
     return tuple(out)
 
 

@@ -241,6 +241,13 @@ class PipelineModel:
         if block.dtype.kind == "f":
             if not (np.isfinite(block).all() and (block == np.round(block)).all()):
                 raise ValueError(f"splits must hold integer layer counts, got dtype {block.dtype}")
+        over = np.flatnonzero((block > self.layers).any(axis=1)) if block.size else ()
+        if len(over):  # said before any clipping, with the count as given
+            row = int(over[0])
+            count = block[row][block[row] > self.layers][0]
+            raise ValueError(f"{where(lo + row)} has a count of {count.item()!r}, more than the model's "
+                             f"{self.layers} layers")
+        if block.dtype.kind == "f":
             block = np.clip(block, -1, self.layers + 1).astype(np.int64)  # out-of-range counts stay out of range
         elif block.dtype.kind == "u" or block.dtype.itemsize > 8:
             block = np.clip(block, 0, self.layers + 1)

@@ -178,3 +178,11 @@ def test_best_interleaved_emits_framework_settings():
     assert p.returncode == 0, p.stderr
     layout = p.stdout.split('--pipeline-model-parallel-layout "')[1].split('"')[0]
     assert layout.count("|") == 31
+
+
+def test_device_field_memory_takes_a_unit_or_bytes():
+    from gpuknap.cli._flags import device_field
+
+    assert device_field("memory=70GiB") == ("memory", 70 * 2**30)
+    assert device_field("memory = 75161927680") == ("memory", 75161927680.0)
+    assert device_field("peak_flops=1e15") == ("peak_flops", 1e15)

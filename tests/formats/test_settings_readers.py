@@ -130,6 +130,7 @@ def test_uniform_recompute_keeps_one_input_per_group(tmp_path):
     (MF.replace("offset: [0, 0]", "offset: [0, 0], mtp_depth: 1"), ["offset", "remainder", "1"]),
     (MF + "recompute_config: {recompute: [1, 1, 1]}\n", ["recompute_config.recompute", "3 counts for 2 stages"]),
     (MF + "recompute_config: {recompute: [-1, 1]}\n", ["recompute_config.recompute", "negative"]),
+    (MF + "recompute_config: {recompute: [[1, -1]]}\n", ["recompute_config.recompute[0][1]", "negative"]),
     (MF + "recompute_config: {select_recompute: {'feed_forward\\.mul': [1, 1]}}\n", ["per-pattern"]),
     (MF + "swap_config: {swap: True}\n", ["swap_config.swap"]),
     (MF + "use_legacy: False\nrecompute_config: {recompute: [1, 1]}\n"
