@@ -147,6 +147,11 @@ class Bounds:
 
     #: The fields of a partial split's state that :meth:`expand` reads (with the stage placed next).
     STATE = ("a", "pre", "fmax", "bmax", "h0", "h1", "h2", "zb", "zr", "zc", "zl")
+    #: Fields with one column per open chain (the others have one column).
+    CHAINED = ("zb", "zr", "zc", "zl")
+    #: The columns of each ``STATE`` field in :meth:`rows`, in order.
+    SPANS = {k: slice(i, i + 1) for i, k in enumerate(STATE[:7])}
+    SPANS.update({k: slice(7 + i * CHAINS, 7 + (i + 1) * CHAINS) for i, k in enumerate(CHAINED)})
 
     @staticmethod
     def order(st: dict) -> tuple[np.ndarray, np.ndarray]:
@@ -183,21 +188,20 @@ class Bounds:
     @staticmethod
     def fields(rows: np.ndarray) -> dict:
         """:meth:`rows` back to the ``STATE`` fields."""
-        c = CHAINS
-        out = {k: rows[:, i] for i, k in enumerate(Bounds.STATE[:7])}
+        span = Bounds.SPANS
+        out = {k: rows[:, span[k]] if k in Bounds.CHAINED else rows[:, span[k].start] for k in Bounds.STATE}
         out["a"] = out["a"].astype(np.int64)
-        for i, k in enumerate(("zb", "zr", "zc", "zl")):
-            out[k] = rows[:, 7 + i * c:7 + (i + 1) * c]
         out["zl"] = out["zl"].astype(np.int64)
         return out
 
     @staticmethod
     def order_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`order` on :meth:`rows`."""
-        c = CHAINS
-        zr, zc, zl = rows[:, 7 + c:7 + 2 * c], rows[:, 7 + 2 * c:7 + 3 * c], rows[:, 7 + 3 * c:]
-        same = np.concatenate((rows[:, :1], zl), axis=1)
-        return same, np.concatenate((rows[:, 1:7 + 2 * c], zr - zl * zc), axis=1)
+        span = Bounds.SPANS
+        zr, zc, zl = rows[:, span["zr"]], rows[:, span["zc"]], rows[:, span["zl"]]
+        same = np.concatenate((rows[:, span["a"]], zl), axis=1)
+        # pre, fmax, bmax, h0, h1, h2, zb and zr: the columns between "pre" and "zr" in STATE
+        return same, np.concatenate((rows[:, span["pre"].start:span["zr"].stop], zr - zl * zc), axis=1)
 
     def expand(self, s: int, st: dict) -> tuple[np.ndarray, dict]:
         """Every child of the partial splits ``st`` (stages 0..s-1 placed) taking stage s:
