@@ -28,7 +28,7 @@ READ = {
     "--tensor-model-parallel-size": 1, "--context-parallel-size": 1, "--expert-model-parallel-size": 1,
     "--expert-tensor-parallel-size": 1, "--sequence-parallel": 0, "--micro-batch-size": 1,
     "--global-batch-size": 1, "--seq-length": 1, "--use-distributed-optimizer": 0, "--moe-grouped-gemm": 0,
-    "--mtp-num-layers": 1, "--overlap-p2p-comm": 0,
+    "--mtp-num-layers": 1, "--no-overlap-p2p-communication": 0, "--encoder-seq-length": 1,
     # read to be refused: they conflict with a layout, or change what gpuknap models
     "--decoder-first-pipeline-num-layers": 1, "--decoder-last-pipeline-num-layers": 1,
     "--account-for-embedding-in-pipeline-split": 0, "--account-for-loss-in-pipeline-split": 0,
@@ -42,8 +42,10 @@ KNOWN = {
     "--num-layers-in-last-pipeline-stage", "--rl-inference-expert-model-parallel-size",
     "--rl-inference-pipeline-model-parallel-size", "--rl-inference-tensor-model-parallel-size",
     "--sequence-length", "--use-layer-wise-distributed-optimizer", "--virtual-pipeline-model-parallel-size",
-    "--encoder-num-layers", "--decoder-num-layers", "--encoder-seq-length", "--decoder-seq-length",
+    "--encoder-num-layers", "--decoder-num-layers", "--decoder-seq-length",
 }
+#: Names that look like Megatron flags but are not (its parser refuses them), with what to write.
+NOT_FLAGS = {"--overlap-p2p-comm": "the p2p overlap is on by default (--no-overlap-p2p-communication turns it off)"}
 _NAME = re.compile(r"[a-z_][a-z0-9_]*")
 
 
@@ -78,6 +80,9 @@ def arguments(text: str, path: str) -> dict[str, tuple[list[str], int]]:
         if not word.startswith("--") or word == "--":
             continue
         flag, eq, value = word.partition("=")
+        if flag in NOT_FLAGS:
+            raise ValueError(f"{path}: line {line}: {flag} is not a Megatron flag (its parser refuses it): "
+                             f"{NOT_FLAGS[flag]}")
         if flag not in READ:
             near = misspelt(flag, READ, KNOWN)
             if near is not None:

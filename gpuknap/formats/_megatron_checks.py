@@ -3,7 +3,8 @@ docs/training_settings.md):
 
 - ``megatron/training/arguments.py`` (``validate_args``): at most one of the layout and the two
   virtual-stage flags; an interleaved schedule needs more than two pipeline stages, or more than
-  one with ``--overlap-p2p-comm``; ``--recompute-activations`` means selective recompute;
+  one with its p2p overlap (on unless ``--no-overlap-p2p-communication``); ``--seq-length`` is
+  ``--encoder-seq-length`` when only that is given; ``--recompute-activations`` means selective recompute;
   selective recompute takes no method; ``--distribute-saved-activations`` needs full recompute
   with a method; the expert tensor-parallel size defaults to the tensor-parallel size; sequence
   parallelism is turned off when the tensor-parallel size is 1; the old ``--model-parallel-size``
@@ -109,15 +110,21 @@ def check_arguments(args: dict, path: str) -> dict:
                      "recomputes nothing")
         method, num, modules = None, None, []
     run: dict[str, Any] = {}
+    whole = "--tensor-model-parallel-size" in args  # the file states the run, not a fragment of it
     for flag, (key, kind) in RUN.items():
         if flag in args:
             run[key] = True if kind is bool else _int(args, flag, path)
+        elif whole and key in ("sequence_parallel", "distributed_optimizer"):
+            run[key] = False  # a switch a whole run leaves out is off: Megatron's default
+    if "--encoder-seq-length" in args:  # arguments.py: one is the other, and only one may be given
+        _refuse(args, "--seq-length", path, "Megatron refuses it beside --encoder-seq-length (one is the other)")
+        run["seq"] = _int(args, "--encoder-seq-length", path)
     mtp = _int(args, "--mtp-num-layers", path, low=0) or 0
     return {"stages": _int(args, "--pipeline-model-parallel-size", path) or 1,
             "layout": args["--pipeline-model-parallel-layout"][0][0], "num_layers": num_layers, "mtp": mtp,
             "granularity": granularity, "modules": list(modules) if granularity == "selective" else [],
             "method": method if granularity == "full" else None, "num": num if granularity == "full" else 0,
-            "run": run, "overlap": "--overlap-p2p-comm" in args, "notes": notes}
+            "run": run, "overlap": "--no-overlap-p2p-communication" not in args, "notes": notes}
 
 
 def check_layout(segments: tuple, values: dict, path: str) -> None:
@@ -143,7 +150,7 @@ def check_layout(segments: tuple, values: dict, path: str) -> None:
                              "pipeline rank")
     if v > 1 and not (p > 2 or (values["overlap"] and p > 1)):
         raise ValueError(f"{where}: {v} virtual stages per rank: Megatron's interleaved schedule needs more than 2 "
-                         "pipeline stages (or more than 1 with --overlap-p2p-comm)")
+                         "pipeline stages, or more than 1 with its p2p overlap (on unless --no-overlap-p2p-communication)")
 
 
 def run_flags(run: Any, chunks: int) -> list[str]:
@@ -159,8 +166,7 @@ def run_flags(run: Any, chunks: int) -> list[str]:
             f"--seq-length {run.seq}"]
     if run.distributed_optimizer:
         out.append("--use-distributed-optimizer")
-    if chunks > 1 and run.pp == 2:
-        out.append("--overlap-p2p-comm")  # arguments.py: interleaving on 2 stages needs it
+    # interleaving on 2 stages needs the p2p overlap, which is on unless --no-overlap-p2p-communication
     return out
 
 

@@ -109,7 +109,8 @@ RUNNER_CONFIG = ("batch_size", "epochs", "sink_mode", "sink_size", "gradient_acc
 TOP = ("parallel_config", "recompute_config", "model", "parallel", "runner_config", "use_legacy", "swap_config")
 TOP_KNOWN = ("use_parallel", "mode")
 #: Keys read in model.model_config.
-MODEL_CONFIG = ("num_layers", "num_hidden_layers", "offset", "pp_interleave_num", "mtp_depth", "mtp_num_layers",
+MODEL_CONFIG = ("num_layers", "num_hidden_layers", "offset", "pp_interleave_num", "virtual_pipeline_model_parallel_size",
+                "mtp_depth", "mtp_num_layers",
                 "num_nextn_predict_layers", "seq_length", "select_recompute", "select_comm_recompute", "recompute")
 
 
@@ -214,11 +215,18 @@ def load_data(data: Any, path: str) -> Settings:
         raise ValueError(f"{path}: model.model_config: {' and '.join(mtp_keys)} name one setting; keep one")
     mtp = _integer(config[mtp_keys[0]], path, f"model.model_config.{mtp_keys[0]}", 0, 1000) if mtp_keys else 0
     interleave = _section(data, path, "parallel.pipeline_config.pipeline_interleave", False)
-    chunks = config.get("pp_interleave_num", 1)
-    chunks = _integer(chunks, path, "model.model_config.pp_interleave_num", 1, 64) if chunks is not None else 1
+    # mcore's TransformerConfig takes virtual_pipeline_model_parallel_size as another name of
+    # pp_interleave_num (parallel_core/transformer_config_utils.py)
+    vpp_keys = [k for k in ("pp_interleave_num",) + (() if legacy else ("virtual_pipeline_model_parallel_size",))
+                if config.get(k) is not None]
+    if len(vpp_keys) > 1:
+        raise ValueError(f"{path}: model.model_config: {' and '.join(vpp_keys)} name one setting; keep one")
+    vpp = vpp_keys[0] if vpp_keys else "pp_interleave_num"
+    chunks = config.get(vpp, 1)
+    chunks = _integer(chunks, path, f"model.model_config.{vpp}", 1, 64) if chunks is not None else 1
     notes = []
     if chunks > 1 and interleave is not True:  # LayerSetting takes one chunk without pipeline_interleave
-        notes.append(f"pp_interleave_num {chunks} is not used: parallel.pipeline_config.pipeline_interleave is "
+        notes.append(f"{vpp} {chunks} is not used: parallel.pipeline_config.pipeline_interleave is "
                      "not true")
         chunks = 1
     total = num_layers + mtp
@@ -247,7 +255,7 @@ def load_data(data: Any, path: str) -> Settings:
         raise ValueError(f"{path}: model.model_config.offset: the last stage holds {layers[-1]} layers, fewer "
                          f"than the {mtp} MTP layers, which gpuknap places on it")
     clamp = [tuple(min(x, d) for x, d in zip(counts[k], decoders)) for k in lists]
-    return Settings(stages, chunks, num_layers, tuple(decoders), *clamp, mtp, _run(data, config), tuple(notes))
+    return Settings(stages, chunks, num_layers, tuple(decoders), *clamp, mtp, _run(data, config, path), tuple(notes))
 
 
 def _layers(offset: Any, path: str, stages: int, chunks: int, total: int) -> list:
@@ -278,7 +286,7 @@ def _layers(offset: Any, path: str, stages: int, chunks: int, total: int) -> lis
     return layers
 
 
-def _run(data: dict, config: dict) -> dict:
+def _run(data: dict, config: dict, path: str) -> dict:
     """The run keys given: parallel sizes, micro-batches, sequence parallelism, batch, sequence, optimizer."""
     pc, out = data.get("parallel_config") or {}, {}
     for key, name in (("data_parallel", "dp"), ("model_parallel", "tp"), ("context_parallel", "cp"),
@@ -286,11 +294,16 @@ def _run(data: dict, config: dict) -> dict:
                       ("use_seq_parallel", "sequence_parallel")):
         if key in pc:
             out[name] = pc[key]
+    # switches a file stating the run leaves out are off: MindFormers' defaults (tools/register/template.py)
+    if "model_parallel" in pc:
+        out.setdefault("sequence_parallel", False)
     if "batch_size" in (data.get("runner_config") or {}):
         out["micro_batch"] = data["runner_config"]["batch_size"]
     if "seq_length" in config:
         out["seq"] = config["seq_length"]
     optimizer = _section(data, "", "parallel.enable_parallel_optimizer", False)
-    if optimizer is not None:
-        out["distributed_optimizer"] = optimizer
+    if optimizer is not None and not isinstance(optimizer, bool):
+        raise ValueError(f"{path}: parallel.enable_parallel_optimizer: expected true or false, got {optimizer!r}")
+    if optimizer is not None or "data_parallel" in pc:
+        out["distributed_optimizer"] = bool(optimizer)
     return out

@@ -22,7 +22,8 @@ import shlex
 
 import numpy as np
 
-SWITCHES = {"--sequence-parallel", "--use-distributed-optimizer", "--moe-grouped-gemm", "--overlap-p2p-comm",
+SWITCHES = {"--sequence-parallel", "--use-distributed-optimizer", "--moe-grouped-gemm",
+            "--no-overlap-p2p-communication",  # store_false into overlap_p2p_comm: the overlap is on by default
             "--recompute-activations", "--account-for-embedding-in-pipeline-split",
             "--account-for-loss-in-pipeline-split"}
 INTS = {"--num-layers", "--pipeline-model-parallel-size", "--tensor-model-parallel-size", "--context-parallel-size",
@@ -92,7 +93,8 @@ def megatron_validate(ns: dict, world_size: int) -> dict:
     assert len(stages) % pp == 0, "arguments.py: layout length divisible by the pipeline size"
     vpp = len(stages) // pp
     if vpp > 1:
-        assert pp > 2 or (ns["--overlap-p2p-comm"] and pp > 1), "arguments.py: interleaving needs PP > 2"
+        overlap = not ns["--no-overlap-p2p-communication"]
+        assert pp > 2 or (overlap and pp > 1), "arguments.py: interleaving needs PP > 2 (or > 1 with the overlap)"
     assert ns["--decoder-first-pipeline-num-layers"] is None and ns["--decoder-last-pipeline-num-layers"] is None \
         and not ns["--account-for-embedding-in-pipeline-split"] and not ns["--account-for-loss-in-pipeline-split"], \
         "transformer_config.py: no other layout arguments beside a layout"

@@ -59,8 +59,10 @@ def refused(capsys, tmp_path, content, words, name="s.txt", spec=DEMO, *extra):
     (MEG + "--tensor-model-parallel-size $TP\n", ["--tensor-model-parallel-size", "shell variable"]),
     (MEG + "--recompute-granularity selective --recompute-modules core_attn\n", ["SLCT", "MindFormers"]),
     (MEG + "--sequence-parallel=true\n", ["--sequence-parallel", "switch"]),
-    ("--num-layers 96\n--pipeline-model-parallel-size 2\n--pipeline-model-parallel-layout 'Et*24|t*24|t*24|t*24L'\n",
-     ["interleaved", "more than 2"]),
+    ("--num-layers 96\n--pipeline-model-parallel-size 2\n--pipeline-model-parallel-layout 'Et*24|t*24|t*24|t*24L'\n"
+     "--no-overlap-p2p-communication\n", ["interleaved", "more than 2"]),  # on 2 stages it needs the overlap
+    (MEG + "--overlap-p2p-comm\n", ["--overlap-p2p-comm is not a Megatron flag", "on by default"]),
+    (MEG + "--seq-length 4096\n--encoder-seq-length 4096\n", ["--seq-length", "--encoder-seq-length"]),
     ("--num-layers 95\n--mtp-num-layers 1\n--pipeline-model-parallel-size 2\n"
      "--pipeline-model-parallel-layout 'Et*47m|t*48L'\n", ["MTP layers (m) after every decoder layer"]),
     ("--num-layers 96\n--pipeline-model-parallel-size 2\n--pipeline-model-parallel-layout 'Et*48|t*48 L'\n",
@@ -226,3 +228,69 @@ def test_public_api_names_the_bad_argument(tmp_path):
         framework.framework_plan(model, [98], ["NONE"])
     with pytest.raises(ValueError, match="mtp"):
         framework.framework_plan(model, [98], ["HEAD"] + ["NONE"] * 96 + ["TAIL"], mtp=-1)
+
+
+def _activations(capsys, tmp_path, content, name, *extra):
+    import json
+    rc, out, err, _ = rank(capsys, tmp_path, content, "--capacity", "80GiB", "--seq", "4096", "--json", *extra,
+                           name=name, spec=LLAMA)
+    assert rc == 0, err
+    return [s["memory_bytes"] for s in json.loads(out)["best"]["stages"]]
+
+
+RUN = ("--num-layers 32 --pipeline-model-parallel-size 4 --pipeline-model-parallel-layout 'Et*8|t*8|t*8|t*8L'"
+       " --tensor-model-parallel-size 8 --micro-batch-size 2 --global-batch-size 32 --use-distributed-optimizer")
+
+
+def test_a_whole_run_without_a_switch_runs_without_it(capsys, tmp_path):
+    """A launch script that states its run and leaves --sequence-parallel out runs without it (Megatron's
+    default): its activations are the whole sequence's, as the same run with the flag turned off on the
+    command line; MindFormers likewise for use_seq_parallel; a fragment without the sizes leaves it to the
+    command line."""
+    on = _activations(capsys, tmp_path, RUN + " --sequence-parallel\n", "on.txt")
+    off = _activations(capsys, tmp_path, RUN + "\n", "off.txt")
+    spec = load_spec(LLAMA, capacity="80GiB", seq=4096, tensor_parallel=8, micro_batch=2, micro_batches=16,
+                     sequence_parallel=False, stages=4)
+    names = ["HEAD"] + ["NONE"] * 32 + ["TAIL"]
+    want = framework.evaluate(spec.model, [9, 8, 8, 9], names).memory  # the run without it, built apart
+    assert off == pytest.approx(list(want), rel=1e-12) and all(a > b for a, b in zip(off, on))
+    assert _activations(capsys, tmp_path, RUN.replace(" --tensor-model-parallel-size 8", "") + "\n", "f2.txt",
+                        "--tp", "8") == on  # a fragment: the command line's default (on)
+    mf = ("parallel_config: {pipeline_stage: 4, micro_batch_num: 16, model_parallel: 8, data_parallel: 1%s}\n"
+          "runner_config: {batch_size: 2}\n"
+          "model: {model_config: {num_layers: 32, offset: [0, 0, 0, 0], seq_length: 4096}}\n")
+    assert _activations(capsys, tmp_path, mf % "", "a.yaml") == _activations(
+        capsys, tmp_path, mf % ", use_seq_parallel: False", "b.yaml")
+    assert _activations(capsys, tmp_path, mf % ", use_seq_parallel: True", "c.yaml") == on
+
+
+def test_a_whole_run_without_the_distributed_optimizer_is_refused_on_dp(capsys, tmp_path):
+    refused(capsys, tmp_path, RUN.replace(" --use-distributed-optimizer", "") + "\n",
+            ["without the distributed optimizer"], "s.txt", LLAMA, "--capacity", "80GiB", "--seq", "4096",
+            "--dp", "2")
+    mf = ("parallel_config: {pipeline_stage: 4, micro_batch_num: 16, model_parallel: 8, data_parallel: 2}\n"
+          "model: {model_config: {num_layers: 32, offset: [0, 0, 0, 0]}}\n%s")
+    refused(capsys, tmp_path, mf % "", ["without the distributed optimizer"], "s.yaml", LLAMA, "--capacity", "80GiB",
+            "--seq", "4096")
+    refused(capsys, tmp_path, mf % "parallel: {enable_parallel_optimizer: 'false'}\n",
+            ["enable_parallel_optimizer", "true or false"], "t.yaml", LLAMA, "--capacity", "80GiB", "--seq", "4096")
+
+
+def test_encoder_seq_length_and_mcore_virtual_stages_are_read(capsys, tmp_path):
+    refused(capsys, tmp_path, RUN + " --sequence-parallel --encoder-seq-length 8192\n", ["seq = 8192", "--seq 4096"],
+            "s.txt", LLAMA, "--capacity", "80GiB", "--seq", "4096")
+    base = ("use_legacy: False\nparallel: {pipeline_config: {pipeline_interleave: True}}\n"
+            "parallel_config: {pipeline_stage: 2, micro_batch_num: 32}\n"
+            "model: {model_config: {num_layers: 96, offset: 0, %s: 2}}\n")
+    a = read_settings(_write(tmp_path, "a.yaml", base % "pp_interleave_num"))
+    b = read_settings(_write(tmp_path, "b.yaml", base % "virtual_pipeline_model_parallel_size"))
+    assert a.chunks == b.chunks == 2 and a.decoders == b.decoders
+    refused(capsys, tmp_path, base.replace("offset: 0,", "offset: 0, pp_interleave_num: 2,")
+            % "virtual_pipeline_model_parallel_size", ["pp_interleave_num and virtual_pipeline_model_parallel_size"],
+            "c.yaml")
+
+
+def _write(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
