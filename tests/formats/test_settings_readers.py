@@ -294,3 +294,41 @@ def _write(tmp_path, name, text):
     path = tmp_path / name
     path.write_text(text)
     return str(path)
+
+
+SCRIPT_RUN = ("--num-layers 32 --pipeline-model-parallel-size 4 --pipeline-model-parallel-layout 'Et*8|t*8|t*8|t*8L'"
+              " --tensor-model-parallel-size 8 --sequence-parallel --micro-batch-size 2 --global-batch-size 32"
+              " --use-distributed-optimizer")
+
+
+@pytest.mark.parametrize("script", [
+    # flags in a string variable, passed unquoted
+    'RECOMPUTE="--recompute-granularity full --recompute-method block --recompute-num-layers 5"\n'
+    "torchrun pretrain_gpt.py \\\n  " + SCRIPT_RUN + " \\\n  $RECOMPUTE\n",
+    # the same string over several lines (quotes inside it would reach Megatron: none here)
+    'GPT_ARGS="\n  ' + SCRIPT_RUN.replace("'", "") + ' \\\n  --recompute-granularity full --recompute-method block\n'
+    '  --recompute-num-layers 5\n"\ntorchrun pretrain_gpt.py $GPT_ARGS\n',
+    # one-line bash arrays
+    "A=(" + SCRIPT_RUN + ")\nR=(--recompute-granularity full --recompute-method block --recompute-num-layers 5)\n"
+    'torchrun pretrain_gpt.py "${A[@]}" "${R[@]}"\n',
+])
+def test_launch_scripts_pass_the_flags_bash_passes(tmp_path, script):
+    """Each script passes Megatron full recompute of the first 5 layers of every stage (checked by
+    hand against bash's word splitting): read as the plain arguments file saying so."""
+    want = read_settings(_write(tmp_path, "want.txt", SCRIPT_RUN + " --recompute-granularity full "
+                                "--recompute-method block --recompute-num-layers 5\n"))
+    got = read_settings(_write(tmp_path, "run.sh", script))
+    assert got == want and got.run == want.run and got.flags()
+
+
+def test_modules_of_a_one_line_array_end_with_it(tmp_path):
+    got = read_settings(_write(tmp_path, "run.sh", "A=(" + SCRIPT_RUN + ")\n"
+                               "R=(--recompute-granularity selective --recompute-modules core_attn)\n"
+                               'torchrun pretrain_gpt.py "${A[@]}" "${R[@]}"\n'))
+    assert got.modules == {"core_attn"}
+
+
+def test_a_comment_inside_a_continued_command_ends_it(capsys, tmp_path):
+    script = ("torchrun pretrain_gpt.py \\\n  " + SCRIPT_RUN + " \\\n#  --use-flash-attn\n"
+              "  --recompute-granularity full --recompute-method block --recompute-num-layers 5\n")
+    refused(capsys, tmp_path, script, ["line 3", "ends the command continued from line 1", "line 4"], "run.sh")
