@@ -69,7 +69,8 @@ class Architecture:
     ``experts`` and ``moe_layers`` (which decoder layers are MoE) for mixture-of-experts models;
     ``dropout`` whether dropout masks are kept (GPT-style training; modern LLMs train without);
     ``flash_attention`` whether the attention scores are never stored; ``layernorm`` LayerNorm
-    (weight and bias) rather than RMSNorm; ``vocab`` 0 for no embedding and output layers.
+    (weight and bias) rather than RMSNorm; ``vocab`` 0 for no embedding and output layers;
+    ``tied`` the embedding and output layers share one matrix (Hugging Face's ``tie_word_embeddings``).
     """
 
     layers: int
@@ -86,6 +87,7 @@ class Architecture:
     dropout: bool = False
     flash_attention: bool = True
     layernorm: bool = False
+    tied: bool = False
 
     def __post_init__(self):
         _check_sizes(self, "architecture", optional=("vocab", "ffn", "head_dim", "kv_heads"))

@@ -142,9 +142,12 @@ def build(arch: Architecture, tr: Training, device: Device, capacity: float, mic
     if arch.vocab:
         head, tail, vocab_params, norm, logit_flops = _head_tail(arch, tr, device)
         fronts["embedding"], fronts["output"] = [head], [tail]
+        # a tied matrix is one parameter on one stage; with P > 1 the first and last stages each
+        # hold a copy (Megatron's shared embedding, its gradients all-reduced between the two)
+        output_params = norm if arch.tied and tr.pp == 1 else vocab_params + norm
         static["embedding"] = static_bytes(vocab_params, 0.0, tr)
-        static["output"] = static_bytes(vocab_params + norm, 0.0, tr)
-        params["embedding"], params["output"] = vocab_params, vocab_params + norm
+        static["output"] = static_bytes(output_params, 0.0, tr)
+        params["embedding"], params["output"] = vocab_params, output_params
         flops["embedding"], flops["output"] = 0.0, logit_flops
         kinds = ["embedding"] + kinds + ["output"]
     p2p = 0.0

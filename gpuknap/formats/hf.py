@@ -153,9 +153,13 @@ def architecture(data: Any, where: str) -> Architecture:
             head_dim = _count({"head_dim": head_dim}, "head_dim", where)
         elif hidden % heads:
             raise ValueError(f"{where}: hidden_size: {hidden} is not divisible by num_attention_heads={heads}")
+    tied = data.get("tie_word_embeddings", False)  # every family's class defaults it to false
+    if not isinstance(tied, bool):
+        raise ValueError(f"{where}: tie_word_embeddings: expected true or false, got {tied!r}"[:300])
     try:
         return Architecture(layers=layers, hidden=hidden, heads=heads, vocab=vocab, ffn=ffn, head_dim=head_dim,
-                            kv_heads=kv_heads, gated=True, latent=latent, experts=experts, moe_layers=moe_layers)
+                            kv_heads=kv_heads, gated=True, latent=latent, experts=experts, moe_layers=moe_layers,
+                            tied=tied)
     except ValueError as exc:
         raise ValueError(f"{where}: {exc}") from None
 

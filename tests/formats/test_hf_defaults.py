@@ -104,3 +104,32 @@ def test_null_kv_heads():
         total_params(dict(QWEN15_MOE, num_key_value_heads=None))
     with pytest.raises(ValueError, match="absent: transformers' default"):
         total_params(without(dict(QWEN3_8B, num_attention_heads=28), "num_key_value_heads"))
+
+
+#: Qwen2.5-0.5B's published config.json: tied embeddings.
+QWEN25_05B = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 896,
+              "intermediate_size": 4864, "num_attention_heads": 14, "num_key_value_heads": 2,
+              "num_hidden_layers": 24, "vocab_size": 151936, "tie_word_embeddings": True}
+
+
+@pytest.mark.parametrize("stages", [1, 2, 4])
+def test_tied_embeddings_count_once_on_one_stage(stages):
+    """Qwen2.5-0.5B is 0.49B parameters (0.36B outside the embedding): on one stage its weights,
+    gradients and Adam state (18 bytes a parameter) count the shared matrix once; with P > 1 the
+    first and last stages each hold a copy, as Megatron does."""
+    h, f, a, g, layers, v = 896, 4864, 14, 2, 24, 151936
+    d = h // a
+    body = layers * (2 * h * a * d + 2 * h * g * d + 3 * h * f + 2 * h)  # Q, O; K, V; gated MLP; norms
+    assert body == pytest.approx(0.36e9, rel=0.01) and body + v * h == pytest.approx(0.49e9, rel=0.01)
+    model = hf.model_of(QWEN25_05B, "x", 2**50, 8, seq=4096, pipeline_parallel=stages)
+    static = sum(model.static[k] for k in model.kinds)
+    copies = 1 if stages == 1 else 2
+    assert static == pytest.approx(18 * (body + copies * v * h + h), rel=1e-9)
+    untied = hf.model_of(dict(QWEN25_05B, tie_word_embeddings=False), "x", 2**50, 8, seq=4096,
+                         pipeline_parallel=stages)
+    assert sum(untied.static[k] for k in untied.kinds) == pytest.approx(18 * (body + 2 * v * h + h), rel=1e-9)
+
+
+def test_tie_word_embeddings_must_be_a_boolean():
+    with pytest.raises(ValueError, match="tie_word_embeddings"):
+        hf.model_of(dict(QWEN25_05B, tie_word_embeddings="yes"), "x", 2**50, 8, seq=4096)
