@@ -153,13 +153,18 @@ def architecture(data: Any, where: str) -> Architecture:
             head_dim = _count({"head_dim": head_dim}, "head_dim", where)
         elif hidden % heads:
             raise ValueError(f"{where}: hidden_size: {hidden} is not divisible by num_attention_heads={heads}")
+    # MTP depths, costed on the last stage as the Megatron settings gpuknap emits place them
+    # (absent: none, as formats.mtp_layers reads it for --mtp-num-layers)
+    mtp = _optional(data, "num_nextn_predict_layers", where, 0) if kind == "deepseek_v3" else 0
+    if mtp > 1000:
+        raise ValueError(f"{where}: num_nextn_predict_layers: expected an integer from 0 to 1,000, got {mtp:,}")
     tied = data.get("tie_word_embeddings", False)  # every family's class defaults it to false
     if not isinstance(tied, bool):
         raise ValueError(f"{where}: tie_word_embeddings: expected true or false, got {tied!r}"[:300])
     try:
         return Architecture(layers=layers, hidden=hidden, heads=heads, vocab=vocab, ffn=ffn, head_dim=head_dim,
                             kv_heads=kv_heads, gated=True, latent=latent, experts=experts, moe_layers=moe_layers,
-                            tied=tied)
+                            tied=tied, mtp=mtp)
     except ValueError as exc:
         raise ValueError(f"{where}: {exc}") from None
 
