@@ -69,7 +69,9 @@ class Architecture:
     ``experts`` and ``moe_layers`` (which decoder layers are MoE) for mixture-of-experts models;
     ``dropout`` whether dropout masks are kept (GPT-style training; modern LLMs train without);
     ``flash_attention`` whether the attention scores are never stored; ``layernorm`` LayerNorm
-    (weight and bias) rather than RMSNorm; ``vocab`` 0 for no embedding and output layers.
+    (weight and bias) rather than RMSNorm; ``vocab`` 0 for no embedding and output layers;
+    ``tied`` the embedding and output layers share one matrix (Hugging Face's ``tie_word_embeddings``);
+    ``mtp`` multi-token-prediction depths after the output layer (DeepSeek-V3's ``num_nextn_predict_layers``).
     """
 
     layers: int
@@ -86,9 +88,13 @@ class Architecture:
     dropout: bool = False
     flash_attention: bool = True
     layernorm: bool = False
+    tied: bool = False
+    mtp: int = 0
 
     def __post_init__(self):
-        _check_sizes(self, "architecture", optional=("vocab", "ffn", "head_dim", "kv_heads"))
+        _check_sizes(self, "architecture", optional=("vocab", "ffn", "head_dim", "kv_heads", "mtp"))
+        if self.mtp and not self.vocab:
+            raise ValueError("architecture.mtp: multi-token prediction needs the output layer (a vocabulary)")
         if self.head_dim is None and self.hidden % self.heads:
             raise ValueError(f"architecture.hidden: {self.hidden} is not divisible by heads={self.heads}")
         if self.heads % self.kv:

@@ -125,15 +125,51 @@ def _head_tail(arch: Architecture, tr: Training, device: Device) -> tuple:
     return head, tail, params, norm, 3 * 2 * s * b * h * v
 
 
+def _mtp(arch: Architecture, tr: Training, device: Device, tail: LayerOption, cost: LayerCost) -> tuple:
+    """The TAIL with Megatron-Core's multi-token-prediction block after it (on the last stage, as
+    Megatron places it), and the block's parameters, expert parameters and model FLOPs.  Per
+    depth: two RMSNorms (of the embedded shifted tokens and of the hidden states), ``eh_proj``
+    (2h -> h, column-parallel), one transformer layer of the model's last-layer kind (``cost``,
+    its activations all kept), a final norm and a second pass through the shared output layer:
+    its logits, fp32, kept with the main ones.  With P > 1 the last stage also holds a copy of an
+    untied embedding (the shifted tokens are embedded there)."""
+    s, b, h, t, c, v, k = tr.seq, tr.micro_batch, arch.hidden, tr.tp, tr.cp, arch.vocab, arch.mtp
+    n = s * b / c
+    held = n / t if tr.sequence_parallel else n
+    mm, mem = device.matmul_seconds, device.memory_seconds
+    norm = (2 if arch.layernorm else 1) * h
+    proj = 2 * h * h / t
+    logits = mm(2 * n * h * v / t) + mem((ACT + 2 * FP32) * n * v / t)
+    layer_f = mm(cost.matmul) + mem(cost.stream)
+    compute = layer_f + mm(2 * n * proj) + mem(3 * 4 * held * h) + logits  # norms stream 4 bytes an element
+    extra_f = 2 * all_gather(ACT * n * h, t, links(device, tr, "tp")) if t > 1 else 0.0  # eh_proj, logits' input
+    comm_f = cost.tp_forward + cost.cp_forward + cost.ep_forward + extra_f
+    comm_b = cost.tp_backward + cost.cp_backward + cost.ep_backward + 2 * extra_f
+    # eh_proj's input (2h wide, its TP shard with SP); three norms' inputs and the output layer's
+    kept = cost.activations + ACT * (2 * n * h / t if tr.sequence_parallel else 2 * n * h) + ACT * 4 * held * h
+    parts = dict(tail.parts)
+    for name, x in (("compute", 3 * compute), ("tp", cost.tp_forward + cost.tp_backward + 3 * extra_f),
+                    ("cp", cost.cp_forward + cost.cp_backward), ("ep", cost.ep_forward + cost.ep_backward)):
+        if x:
+            parts[name] = parts.get(name, 0.0) + k * x * MS
+    option = LayerOption("TAIL", tail.per_micro_batch + k * kept, tail.forward_time + k * (compute + comm_f) * MS,
+                         tail.backward_time + k * (2 * compute + comm_b) * MS,
+                         held_once=tail.held_once * (1 + k), parts=tuple(parts.items()))
+    params = k * (cost.params + proj + 3 * norm) + (v * h / t if tr.pp > 1 and not arch.tied else 0.0)
+    flops = k * 3 * (cost.model_flops + 2 * s * b * 2 * h * h + 2 * s * b * h * v)
+    return option, params, k * cost.expert_params, flops
+
+
 def build(arch: Architecture, tr: Training, device: Device, capacity: float, micro_batches: int,
           reserved: float) -> PipelineModel:
     """The :class:`PipelineModel` of a transformer (kinds ``embedding``, ``dense``, ``moe``,
     ``output``; without a vocabulary only the decoder layers), with its :class:`ModelCosts`."""
     moe = [arch.is_moe(i) for i in range(arch.layers)]
     fronts, static, flops, params, expert = {}, {}, {}, {}, {}
+    costs_of = {}
     for kind, is_moe in (("dense", False), ("moe", True)):
         if is_moe in moe:
-            cost = layer_cost(arch, tr, device, is_moe)
+            cost = costs_of[is_moe] = layer_cost(arch, tr, device, is_moe)
             fronts[kind] = options(cost, device)
             static[kind] = static_bytes(cost.params, cost.expert_params, tr)
             flops[kind] = 3 * cost.model_flops
@@ -142,9 +178,18 @@ def build(arch: Architecture, tr: Training, device: Device, capacity: float, mic
     if arch.vocab:
         head, tail, vocab_params, norm, logit_flops = _head_tail(arch, tr, device)
         fronts["embedding"], fronts["output"] = [head], [tail]
+        # a tied matrix is one parameter on one stage; with P > 1 the first and last stages each
+        # hold a copy (Megatron's shared embedding, its gradients all-reduced between the two)
+        output_params = norm if arch.tied and tr.pp == 1 else vocab_params + norm
+        mtp_expert = 0.0
+        if arch.mtp:
+            tail, mtp_params, mtp_expert, mtp_flops = _mtp(arch, tr, device, tail, costs_of[moe[-1]])
+            output_params, logit_flops = output_params + mtp_params, logit_flops + mtp_flops
+            fronts["output"] = [tail]
         static["embedding"] = static_bytes(vocab_params, 0.0, tr)
-        static["output"] = static_bytes(vocab_params + norm, 0.0, tr)
-        params["embedding"], params["output"] = vocab_params, vocab_params + norm
+        static["output"] = static_bytes(output_params, mtp_expert, tr)
+        params["embedding"], params["output"] = vocab_params, output_params
+        expert["output"] = mtp_expert
         flops["embedding"], flops["output"] = 0.0, logit_flops
         kinds = ["embedding"] + kinds + ["output"]
     p2p = 0.0

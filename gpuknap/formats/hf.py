@@ -1,4 +1,4 @@
-"""Hugging Face ``config.json`` files: dense (Llama, Mistral, Qwen2) and MoE (Mixtral,
+"""Hugging Face ``config.json`` files: dense (Llama, Mistral, Qwen2, Qwen3) and MoE (Mixtral,
 Qwen2-MoE, Qwen3-MoE, DeepSeek-V3) decoder models.
 
 A config gives the model's shape; how it is trained (sequence length,
@@ -9,8 +9,9 @@ layers with a gated MLP and grouped-query attention, and an output TAIL.
 
 Only the fields below are read; a config carries many others (rope, norm,
 token ids, dtype) that do not change memory or time at this level, and those
-are left alone.  A missing or malformed field, or a size the parallel sizes
-do not divide, is a ``ValueError`` naming the file and the field.  MoE
+are left alone.  An optional field that is absent takes transformers' default
+(:mod:`._hf_fields`); a missing required or malformed field, or a size the parallel
+sizes do not divide, is a ``ValueError`` naming the file and the field.  MoE
 families get dense and MoE layer kinds in model order, with the options of
 :mod:`gpuknap.costs`.
 """
@@ -23,57 +24,12 @@ from ..costs import MAX_SIZE, Architecture, Experts, LatentAttention, Training, 
 from ..costs import device as costs_device
 from ..engine import MEGABYTE
 from ..search import PipelineModel
-from ._documents import read_document, suggest
+from ._documents import read_document
 from ._fields import DEVICE, TRAINING, Spec, check_arguments, default_reserved, device_of
+from ._hf_fields import HEAD_DIM, KV_HEADS, MOE_TYPES, NULL_KV_IS_HEADS, OPTIONAL, check_fields
 
-#: ``model_type`` values read as dense decoders with a gated (SwiGLU) MLP.
-DENSE_TYPES = ("llama", "mistral", "qwen2")
-#: ``model_type`` values read as mixture-of-experts models (:mod:`gpuknap.costs`).
-MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3")
 #: Fields every dense config must give.
 REQUIRED = ("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers", "vocab_size")
-#: Fields every config may carry whatever its family (transformers' PretrainedConfig and what the
-#: Hub's files add): read or known not to change memory or time at this level.  Fields whose name
-#: starts with an underscore (``_name_or_path``, ``_comment``) are always accepted.
-COMMON = frozenset("""architectures model_type torch_dtype dtype transformers_version bos_token_id eos_token_id
-pad_token_id sep_token_id decoder_start_token_id tie_word_embeddings use_cache return_dict output_hidden_states
-output_attentions torchscript use_bfloat16 pruned_heads chunk_size_feed_forward is_encoder_decoder is_decoder
-add_cross_attention cross_attention_hidden_size tie_encoder_decoder finetuning_task id2label label2id num_labels
-tokenizer_class prefix task_specific_params problem_type auto_map quantization_config max_length min_length
-do_sample early_stopping num_beams num_beam_groups diversity_penalty temperature top_k top_p typical_p
-repetition_penalty length_penalty no_repeat_ngram_size encoder_no_repeat_ngram_size bad_words_ids
-num_return_sequences output_scores return_dict_in_generate forced_bos_token_id forced_eos_token_id
-remove_invalid_values exponential_decay_length_penalty suppress_tokens begin_suppress_tokens
-hidden_act max_position_embeddings initializer_range rms_norm_eps rope_theta rope_scaling rope_parameters
-attention_dropout attention_bias pretraining_tp""".split())
-#: Per family: its architecture class and the fields its configs carry beyond :data:`COMMON`
-#: (from transformers' configuration classes and the published files).
-FAMILIES = {
-    "llama": ("LlamaForCausalLM", """vocab_size hidden_size intermediate_size num_hidden_layers num_attention_heads
-              num_key_value_heads head_dim mlp_bias"""),
-    "mistral": ("MistralForCausalLM", """vocab_size hidden_size intermediate_size num_hidden_layers
-                num_attention_heads num_key_value_heads head_dim sliding_window"""),
-    "qwen2": ("Qwen2ForCausalLM", """vocab_size hidden_size intermediate_size num_hidden_layers num_attention_heads
-              num_key_value_heads use_sliding_window sliding_window max_window_layers layer_types"""),
-    "mixtral": ("MixtralForCausalLM", """vocab_size hidden_size intermediate_size num_hidden_layers
-                num_attention_heads num_key_value_heads head_dim sliding_window num_experts_per_tok
-                num_local_experts output_router_logits router_aux_loss_coef router_jitter_noise"""),
-    "qwen2_moe": ("Qwen2MoeForCausalLM", """vocab_size hidden_size intermediate_size num_hidden_layers
-                  num_attention_heads num_key_value_heads use_sliding_window sliding_window max_window_layers
-                  decoder_sparse_step moe_intermediate_size shared_expert_intermediate_size num_experts_per_tok
-                  num_experts norm_topk_prob output_router_logits router_aux_loss_coef mlp_only_layers qkv_bias
-                  layer_types"""),
-    "qwen3_moe": ("Qwen3MoeForCausalLM", """vocab_size hidden_size intermediate_size num_hidden_layers
-                  num_attention_heads num_key_value_heads head_dim use_sliding_window sliding_window
-                  max_window_layers decoder_sparse_step moe_intermediate_size num_experts_per_tok num_experts
-                  norm_topk_prob output_router_logits router_aux_loss_coef mlp_only_layers layer_types"""),
-    "deepseek_v3": ("DeepseekV3ForCausalLM", """vocab_size hidden_size intermediate_size moe_intermediate_size
-                    num_hidden_layers num_attention_heads num_key_value_heads n_shared_experts n_routed_experts
-                    routed_scaling_factor kv_lora_rank q_lora_rank qk_rope_head_dim v_head_dim qk_nope_head_dim
-                    n_group topk_group num_experts_per_tok first_k_dense_replace norm_topk_prob rope_interleave
-                    moe_layer_freq num_nextn_predict_layers scoring_func seq_aux topk_method aux_loss_alpha
-                    ep_size head_dim"""),
-}
 #: Most decoder layers a config may give (checked before any per-layer list is built).
 MAX_CONFIG_LAYERS = 100_000
 
@@ -81,34 +37,6 @@ MAX_CONFIG_LAYERS = 100_000
 def is_config(data: Any) -> bool:
     """Whether a parsed document is a Hugging Face model config (by content)."""
     return isinstance(data, Mapping) and ("model_type" in data or "architectures" in data)
-
-
-def check_fields(data: Mapping, where: str) -> str:
-    """The config's family, after checking that every field is one the family carries (a typo is
-    refused with the nearest name) and that ``model_type`` and ``architectures`` agree."""
-    kind = data.get("model_type")
-    arch = data.get("architectures")
-    if arch is not None and (not isinstance(arch, list) or not all(isinstance(a, str) for a in arch)):
-        raise ValueError(f"{where}: architectures: expected a list of class names, got {arch!r}"[:300])
-    by_class = {cls: family for family, (cls, _) in FAMILIES.items()}
-    if kind is None and arch:
-        kind = by_class.get(arch[0])
-    if kind not in FAMILIES:
-        raise ValueError(f"{where}: model_type: {kind!r} is not a family gpuknap reads "
-                         f"(dense: {', '.join(DENSE_TYPES)}; MoE: {', '.join(MOE_TYPES)})")
-    if arch and arch[0] != FAMILIES[kind][0]:
-        raise ValueError(f"{where}: architectures: {arch[0]!r} contradicts model_type {kind!r} "
-                         f"(which is {FAMILIES[kind][0]!r})")
-    known = COMMON | set(FAMILIES[kind][1].split())
-    for key in data:
-        if not isinstance(key, str):
-            raise ValueError(f"{where}: field names must be strings, got {key!r}")
-        if key.startswith("_") or key in known:
-            continue
-        other = [f for f, (_, fields) in FAMILIES.items() if key in fields.split()]
-        hint = suggest(key, known) or (f" (a field of {', '.join(other)} configs)" if other else "")
-        raise ValueError(f"{where}: unknown field {key!r} for model_type {kind!r}{hint}")
-    return kind
 
 
 def _count(data: Mapping, key: str, where: str, default: Any = None) -> int:
@@ -132,13 +60,18 @@ def _moe_layout(data: Mapping, kind: str, layers: int, where: str) -> list[bool]
     if kind == "mixtral":
         return [True] * layers
     if kind == "deepseek_v3":
-        first = _optional(data, "first_k_dense_replace", where, 0)
-        freq = _optional(data, "moe_layer_freq", where, 1, low=1)
+        first = _optional(data, "first_k_dense_replace", where, OPTIONAL[kind]["first_k_dense_replace"])
+        freq = _optional(data, "moe_layer_freq", where, OPTIONAL[kind]["moe_layer_freq"], low=1)
         if first >= layers:
             raise ValueError(f"{where}: first_k_dense_replace: {first} dense layers leave no MoE layer of the "
                              f"{layers} (num_hidden_layers)")
-        return [i >= first and (i - first) % freq == 0 for i in range(layers)]
-    step = _optional(data, "decoder_sparse_step", where, 1, low=1)
+        # DeepSeek's modeling_deepseek.py (and vLLM's deepseek_v2.py): MoE from layer first_k_dense_replace
+        # on, where the layer's own index is a multiple of moe_layer_freq
+        moe = [i >= first and i % freq == 0 for i in range(layers)]
+        if not any(moe):
+            raise ValueError(f"{where}: first_k_dense_replace, moe_layer_freq: no layer is a MoE layer")
+        return moe
+    step = _optional(data, "decoder_sparse_step", where, OPTIONAL[kind]["decoder_sparse_step"], low=1)
     only = data.get("mlp_only_layers", [])
     if only is None:
         only = []
@@ -181,13 +114,14 @@ def architecture(data: Any, where: str) -> Architecture:
         top_k = _count(data, "num_experts_per_tok", where)
         if kind == "deepseek_v3":
             experts_key, ffn_key = "n_routed_experts", "moe_intermediate_size"
-            shared = _optional(data, "n_shared_experts", where, 0)
+            shared = _optional(data, "n_shared_experts", where, OPTIONAL[kind]["n_shared_experts"])
             shared_ffn = shared * _count(data, ffn_key, where)
         elif kind == "mixtral":
             experts_key, ffn_key, shared_ffn = "num_local_experts", "intermediate_size", 0
         else:
             experts_key, ffn_key = "num_experts", "moe_intermediate_size"
-            shared_ffn = _optional(data, "shared_expert_intermediate_size", where, 0)
+            shared_ffn = _optional(data, "shared_expert_intermediate_size", where,
+                                   OPTIONAL[kind].get("shared_expert_intermediate_size", 0))
         count = _count(data, experts_key, where)
         if top_k > count:
             raise ValueError(f"{where}: num_experts_per_tok: {top_k} is more than the {count} experts ({experts_key})")
@@ -199,23 +133,38 @@ def architecture(data: Any, where: str) -> Architecture:
         ffn = _count(data, "intermediate_size", where)
     latent, kv_heads, head_dim = None, None, None
     if kind == "deepseek_v3":
-        q_lora = data.get("q_lora_rank")
-        latent = LatentAttention(q_lora=0 if q_lora is None else _count(data, "q_lora_rank", where),
+        # absent: transformers' 1536; null: queries projected directly (DeepSeek-V2-Lite's configs)
+        q_lora = data.get("q_lora_rank", OPTIONAL[kind]["q_lora_rank"])
+        latent = LatentAttention(q_lora=0 if q_lora is None else _count({"q_lora_rank": q_lora}, "q_lora_rank", where),
                                  kv_lora=_count(data, "kv_lora_rank", where),
                                  nope=_count(data, "qk_nope_head_dim", where),
                                  rope=_count(data, "qk_rope_head_dim", where), v_dim=_count(data, "v_head_dim", where))
     else:
-        kv_heads = _count(data, "num_key_value_heads", where, heads)
+        kv_heads = data.get("num_key_value_heads", KV_HEADS[kind])
+        if kv_heads is None and ("num_key_value_heads" not in data or kind in NULL_KV_IS_HEADS):
+            kv_heads = heads
+        kv_heads = _count({"num_key_value_heads": kv_heads}, "num_key_value_heads", where)
         if heads % kv_heads:
-            raise ValueError(f"{where}: num_key_value_heads: {kv_heads} does not divide num_attention_heads={heads}")
-        head_dim = data.get("head_dim")
+            absent = "" if "num_key_value_heads" in data else f" (absent: transformers' default for {kind!r})"
+            raise ValueError(f"{where}: num_key_value_heads: {kv_heads}{absent} does not divide "
+                             f"num_attention_heads={heads}")
+        head_dim = data.get("head_dim", HEAD_DIM.get(kind))
         if head_dim is not None:
-            head_dim = _count(data, "head_dim", where)
+            head_dim = _count({"head_dim": head_dim}, "head_dim", where)
         elif hidden % heads:
             raise ValueError(f"{where}: hidden_size: {hidden} is not divisible by num_attention_heads={heads}")
+    # MTP depths, costed on the last stage as the Megatron settings gpuknap emits place them
+    # (absent: none, as formats.mtp_layers reads it for --mtp-num-layers)
+    mtp = _optional(data, "num_nextn_predict_layers", where, 0) if kind == "deepseek_v3" else 0
+    if mtp > 1000:
+        raise ValueError(f"{where}: num_nextn_predict_layers: expected an integer from 0 to 1,000, got {mtp:,}")
+    tied = data.get("tie_word_embeddings", False)  # every family's class defaults it to false
+    if not isinstance(tied, bool):
+        raise ValueError(f"{where}: tie_word_embeddings: expected true or false, got {tied!r}"[:300])
     try:
         return Architecture(layers=layers, hidden=hidden, heads=heads, vocab=vocab, ffn=ffn, head_dim=head_dim,
-                            kv_heads=kv_heads, gated=True, latent=latent, experts=experts, moe_layers=moe_layers)
+                            kv_heads=kv_heads, gated=True, latent=latent, experts=experts, moe_layers=moe_layers,
+                            tied=tied, mtp=mtp)
     except ValueError as exc:
         raise ValueError(f"{where}: {exc}") from None
 

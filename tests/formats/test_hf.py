@@ -140,7 +140,8 @@ def test_moe_formulas_by_hand():
 def test_qwen_moe_sparse_step_and_mlp_only_layers():
     data = {"model_type": "qwen2_moe", "hidden_size": 256, "intermediate_size": 512, "moe_intermediate_size": 64,
             "shared_expert_intermediate_size": 128, "num_experts": 8, "num_experts_per_tok": 2,
-            "num_attention_heads": 4, "num_hidden_layers": 6, "vocab_size": 100, "decoder_sparse_step": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 4, "num_hidden_layers": 6, "vocab_size": 100,
+            "decoder_sparse_step": 2,
             "mlp_only_layers": [3]}
     model = hf.model_of(data, "x", 2**30, 4, seq=128)
     assert model.kinds[1:-1] == ("dense", "moe", "dense", "dense", "dense", "moe")

@@ -1,0 +1,102 @@
+"""The fields of Hugging Face ``config.json`` files, per family, and the values a missing field
+takes: transformers' own defaults (its ``configuration_<family>.py``), so that a config means
+here what it means when transformers loads it (docs/analytic.md lists each default and its source).
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from ._documents import suggest
+
+#: ``model_type`` values read as dense decoders with a gated (SwiGLU) MLP.
+DENSE_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+#: ``model_type`` values read as mixture-of-experts models (:mod:`gpuknap.costs`).
+MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3")
+#: Fields every config may carry whatever its family (transformers' PretrainedConfig and what the
+#: Hub's files add): read or known not to change memory or time at this level.  Fields whose name
+#: starts with an underscore (``_name_or_path``, ``_comment``) are always accepted.
+COMMON = frozenset("""architectures model_type torch_dtype dtype transformers_version bos_token_id eos_token_id
+pad_token_id sep_token_id decoder_start_token_id tie_word_embeddings use_cache return_dict output_hidden_states
+output_attentions torchscript use_bfloat16 pruned_heads chunk_size_feed_forward is_encoder_decoder is_decoder
+add_cross_attention cross_attention_hidden_size tie_encoder_decoder finetuning_task id2label label2id num_labels
+tokenizer_class prefix task_specific_params problem_type auto_map quantization_config max_length min_length
+do_sample early_stopping num_beams num_beam_groups diversity_penalty temperature top_k top_p typical_p
+repetition_penalty length_penalty no_repeat_ngram_size encoder_no_repeat_ngram_size bad_words_ids
+num_return_sequences output_scores return_dict_in_generate forced_bos_token_id forced_eos_token_id
+remove_invalid_values exponential_decay_length_penalty suppress_tokens begin_suppress_tokens
+hidden_act max_position_embeddings initializer_range rms_norm_eps rope_theta rope_scaling rope_parameters
+attention_dropout attention_bias pretraining_tp""".split())
+#: Per family: its architecture class and the fields its configs carry beyond :data:`COMMON`
+#: (from transformers' configuration classes and the published files).
+FAMILIES = {
+    "llama": ("LlamaForCausalLM", """vocab_size hidden_size intermediate_size num_hidden_layers num_attention_heads
+              num_key_value_heads head_dim mlp_bias"""),
+    "mistral": ("MistralForCausalLM", """vocab_size hidden_size intermediate_size num_hidden_layers
+                num_attention_heads num_key_value_heads head_dim sliding_window"""),
+    "qwen2": ("Qwen2ForCausalLM", """vocab_size hidden_size intermediate_size num_hidden_layers num_attention_heads
+              num_key_value_heads use_sliding_window sliding_window max_window_layers layer_types"""),
+    "qwen3": ("Qwen3ForCausalLM", """vocab_size hidden_size intermediate_size num_hidden_layers num_attention_heads
+              num_key_value_heads head_dim use_sliding_window sliding_window max_window_layers layer_types"""),
+    "mixtral": ("MixtralForCausalLM", """vocab_size hidden_size intermediate_size num_hidden_layers
+                num_attention_heads num_key_value_heads head_dim sliding_window num_experts_per_tok
+                num_local_experts output_router_logits router_aux_loss_coef router_jitter_noise"""),
+    "qwen2_moe": ("Qwen2MoeForCausalLM", """vocab_size hidden_size intermediate_size num_hidden_layers
+                  num_attention_heads num_key_value_heads use_sliding_window sliding_window max_window_layers
+                  decoder_sparse_step moe_intermediate_size shared_expert_intermediate_size num_experts_per_tok
+                  num_experts norm_topk_prob output_router_logits router_aux_loss_coef mlp_only_layers qkv_bias
+                  layer_types"""),
+    "qwen3_moe": ("Qwen3MoeForCausalLM", """vocab_size hidden_size intermediate_size num_hidden_layers
+                  num_attention_heads num_key_value_heads head_dim use_sliding_window sliding_window
+                  max_window_layers decoder_sparse_step moe_intermediate_size num_experts_per_tok num_experts
+                  norm_topk_prob output_router_logits router_aux_loss_coef mlp_only_layers layer_types"""),
+    "deepseek_v3": ("DeepseekV3ForCausalLM", """vocab_size hidden_size intermediate_size moe_intermediate_size
+                    num_hidden_layers num_attention_heads num_key_value_heads n_shared_experts n_routed_experts
+                    routed_scaling_factor kv_lora_rank q_lora_rank qk_rope_head_dim v_head_dim qk_nope_head_dim
+                    n_group topk_group num_experts_per_tok first_k_dense_replace norm_topk_prob rope_interleave
+                    moe_layer_freq num_nextn_predict_layers scoring_func seq_aux topk_method aux_loss_alpha
+                    ep_size head_dim"""),
+}
+#: Per family, ``num_key_value_heads`` when the field is absent: transformers' default in
+#: ``configuration_<family>.py`` (None: the attention heads).
+KV_HEADS = {"llama": None, "mistral": 8, "mixtral": 8, "qwen2": 32, "qwen3": 32, "qwen2_moe": 16, "qwen3_moe": 4}
+#: Families whose configuration class turns an explicit ``num_key_value_heads: null`` into the
+#: attention heads (the two Qwen MoE classes do not: a null there is refused).
+NULL_KV_IS_HEADS = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen3"})
+#: Per family, ``head_dim`` when absent (None: hidden_size / num_attention_heads, as the modeling
+#: code falls back to); Qwen3's configuration class defaults it to 128.
+HEAD_DIM = {"qwen3": 128}
+#: Optional integer fields and their values when absent (transformers' defaults; ``moe_layer_freq``
+#: is DeepSeek's own configuration_deepseek.py's, which transformers' built-in class lacks).
+OPTIONAL = {
+    "deepseek_v3": {"first_k_dense_replace": 3, "n_shared_experts": 1, "q_lora_rank": 1536, "moe_layer_freq": 1},
+    "qwen2_moe": {"shared_expert_intermediate_size": 5632, "decoder_sparse_step": 1},
+    "qwen3_moe": {"decoder_sparse_step": 1},
+}
+
+
+def check_fields(data: Mapping, where: str) -> str:
+    """The config's family, after checking that every field is one the family carries (a typo is
+    refused with the nearest name) and that ``model_type`` and ``architectures`` agree."""
+    kind: Any = data.get("model_type")
+    arch = data.get("architectures")
+    if arch is not None and (not isinstance(arch, list) or not all(isinstance(a, str) for a in arch)):
+        raise ValueError(f"{where}: architectures: expected a list of class names, got {arch!r}"[:300])
+    by_class = {cls: family for family, (cls, _) in FAMILIES.items()}
+    if kind is None and arch:
+        kind = by_class.get(arch[0])
+    if kind not in FAMILIES:
+        raise ValueError(f"{where}: model_type: {kind!r} is not a family gpuknap reads "
+                         f"(dense: {', '.join(DENSE_TYPES)}; MoE: {', '.join(MOE_TYPES)})")
+    if arch and arch[0] != FAMILIES[kind][0]:
+        raise ValueError(f"{where}: architectures: {arch[0]!r} contradicts model_type {kind!r} "
+                         f"(which is {FAMILIES[kind][0]!r})")
+    known = COMMON | set(FAMILIES[kind][1].split())
+    for key in data:
+        if not isinstance(key, str):
+            raise ValueError(f"{where}: field names must be strings, got {key!r}")
+        if key.startswith("_") or key in known:
+            continue
+        other = [f for f, (_, fields) in FAMILIES.items() if key in fields.split()]
+        hint = suggest(key, known) or (f" (a field of {', '.join(other)} configs)" if other else "")
+        raise ValueError(f"{where}: unknown field {key!r} for model_type {kind!r}{hint}")
+    return kind
