@@ -150,8 +150,14 @@ def rank_settings(args: argparse.Namespace, make_spec: Callable[..., Any], emit:
     record = split_record(model, counts, ev.choice, "slowest", ev.slowest, spec.in_flight, settings.chunks)
     over = [s for s, (m, b) in enumerate(zip(ev.memory, ev.budgets)) if m > b]
     notes = list(getattr(settings, "notes", ()))
-    if getattr(settings, "mtp", 0):
-        notes.append(f"{settings.mtp} MTP layer(s) read; gpuknap does not cost them")
+    read, costed = getattr(settings, "mtp", 0), formats.mtp_layers(args.spec)
+    if read and costed and read != costed:
+        raise _bad(f"the settings run {read} MTP layer(s) and the config has {costed} "
+                   "(num_nextn_predict_layers), which gpuknap costs on the last stage; make them agree", source)
+    if read and not costed:
+        notes.append(f"{read} MTP layer(s) read; this model has none, so gpuknap does not cost them")
+    elif costed and not read:
+        notes.append(f"the config's {costed} MTP layer(s) are costed on the last stage; these settings run none")
     payload = {**header(spec), "from": source, "feasible": not over, "over_budget_stages": over, "best": record,
                "notes": notes}
     verdict = ("fit every stage's budget" if not over else

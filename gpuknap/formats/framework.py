@@ -108,7 +108,7 @@ class FrameworkPlan:
     names: tuple = field(default=(), repr=False, compare=False)  # every layer's option, model order
     in_flight: Any = field(default=None, repr=False, compare=False)
     run: Run | None = None  # how it is trained (cost-modelled models)
-    mtp: int = 0  # multi-token-prediction layers after the last decoder layer (not costed)
+    mtp: int = 0  # multi-token-prediction layers after the last decoder layer (costed with the output layer)
     notes: tuple = ()  # comment lines for the settings (the search that found the plan, its cost)
 
     @property
@@ -130,8 +130,8 @@ def framework_plan(model: Any, counts: Sequence[int], names: Sequence[str], chun
                    score: float | None = None, in_flight: Any = None, mtp: int = 0,
                    notes: Sequence[str] = ()) -> FrameworkPlan:
     """The :class:`FrameworkPlan` of a split whose layers run ``names`` (model order); ``mtp``
-    multi-token-prediction layers follow the last decoder layer (frameworks place them, gpuknap
-    does not cost them); ``notes`` become comment lines."""
+    multi-token-prediction layers follow the last decoder layer (frameworks place them; the cost
+    model counts them with the output layer, on the last stage); ``notes`` become comment lines."""
     counts = model.check_counts(list(counts), chunks)
     if len(names) != model.layers:
         raise ValueError(f"names: {len(names)} option names for a model of {model.layers} layers")

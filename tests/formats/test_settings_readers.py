@@ -332,3 +332,22 @@ def test_a_comment_inside_a_continued_command_ends_it(capsys, tmp_path):
     script = ("torchrun pretrain_gpt.py \\\n  " + SCRIPT_RUN + " \\\n#  --use-flash-attn\n"
               "  --recompute-granularity full --recompute-method block --recompute-num-layers 5\n")
     refused(capsys, tmp_path, script, ["line 3", "ends the command continued from line 1", "line 4"], "run.sh")
+
+
+def test_mtp_layers_of_the_settings_and_the_config_must_agree(capsys, tmp_path):
+    """The config's MTP layers are costed on the last stage: settings running another number are
+    refused; settings running MTP layers a config does not have say they are not costed."""
+    import json
+    plain = os.path.join(EXAMPLES, "deepseek_v3_small_config.json")
+    data = json.load(open(plain))
+    with_mtp = _write(tmp_path, "mtp_config.json", json.dumps({**data, "num_nextn_predict_layers": 1}))
+    layers = data["num_hidden_layers"]
+    script = (f"--num-layers {layers} --pipeline-model-parallel-size 2 --mtp-num-layers {{m}}\n"
+              f"--pipeline-model-parallel-layout 'Et*{layers // 2}|t*{layers - layers // 2}{{ms}}L'\n")
+    extra = ("--capacity", "80GiB", "--seq", "1024", "--micro-batches", "8")
+    refused(capsys, tmp_path, script.format(m=2, ms="mm"), ["run 2 MTP layer(s)", "has 1"], "s.txt", with_mtp,
+            *extra)
+    rc, out, err, _ = rank(capsys, tmp_path, script.format(m=1, ms="m"), *extra, name="d.txt", spec=with_mtp)
+    assert rc in (0, 1) and "MTP" not in err, err  # agreeing: costed, nothing to say
+    rc, out, err, _ = rank(capsys, tmp_path, script.format(m=1, ms="m"), *extra, name="e.txt", spec=plain)
+    assert rc in (0, 1) and "does not cost them" in out + err
