@@ -71,7 +71,9 @@ class Architecture:
     ``flash_attention`` whether the attention scores are never stored; ``layernorm`` LayerNorm
     (weight and bias) rather than RMSNorm; ``vocab`` 0 for no embedding and output layers;
     ``tied`` the embedding and output layers share one matrix (Hugging Face's ``tie_word_embeddings``);
-    ``mtp`` multi-token-prediction depths after the output layer (DeepSeek-V3's ``num_nextn_predict_layers``).
+    ``mtp`` multi-token-prediction depths after the output layer (DeepSeek-V3's ``num_nextn_predict_layers``);
+    ``window`` sliding-window attention on every layer: each query attends to at most this many keys
+    (None: the whole sequence).
     """
 
     layers: int
@@ -90,9 +92,10 @@ class Architecture:
     layernorm: bool = False
     tied: bool = False
     mtp: int = 0
+    window: int | None = None
 
     def __post_init__(self):
-        _check_sizes(self, "architecture", optional=("vocab", "ffn", "head_dim", "kv_heads", "mtp"))
+        _check_sizes(self, "architecture", optional=("vocab", "ffn", "head_dim", "kv_heads", "mtp", "window"))
         if self.mtp and not self.vocab:
             raise ValueError("architecture.mtp: multi-token prediction needs the output layer (a vocabulary)")
         if self.head_dim is None and self.hidden % self.heads:

@@ -84,11 +84,13 @@ def attention(arch: Architecture, tr: Training, device: Device) -> dict:
         out["model_flops"] = 2 * s * b * (down + up * t)
         # latents (and their norms' inputs), Q, K (nope and rope), V, output-projection input
         kept = ACT * n * (2 * (m.q_lora + m.kv_lora) + m.rope + a * qk + a * qk + a * m.v_dim + a * m.v_dim)
-    core = 2 * n * s * a * (qk + v)  # Q K^T and scores x V (causal masking not discounted, as Megatron)
+    # keys each query attends to: the sequence, or a sliding window of it
+    keys = min(s, arch.window) if arch.window else s
+    core = 2 * n * keys * a * (qk + v)  # Q K^T and scores x V (causal masking not discounted, as Megatron)
     out["core"] = core
     out["matmul"] += core
-    out["model_flops"] += 2 * s * b * s * arch.heads * (qk + v)
-    scores = b * a * (s / c) * s  # score elements a rank computes
+    out["model_flops"] += 2 * s * b * keys * arch.heads * (qk + v)
+    scores = b * a * (s / c) * keys  # score elements a rank computes
     if arch.flash_attention:
         out["core_act"] = FP32 * n * a  # the softmax statistics
         out["core_stream"] = 0.0

@@ -158,15 +158,57 @@ def architecture(data: Any, where: str) -> Architecture:
     mtp = _optional(data, "num_nextn_predict_layers", where, 0) if kind == "deepseek_v3" else 0
     if mtp > 1000:
         raise ValueError(f"{where}: num_nextn_predict_layers: expected an integer from 0 to 1,000, got {mtp:,}")
+    window, _ = sliding_window(data, kind, layers, where)
     tied = data.get("tie_word_embeddings", False)  # every family's class defaults it to false
     if not isinstance(tied, bool):
         raise ValueError(f"{where}: tie_word_embeddings: expected true or false, got {tied!r}"[:300])
     try:
         return Architecture(layers=layers, hidden=hidden, heads=heads, vocab=vocab, ffn=ffn, head_dim=head_dim,
                             kv_heads=kv_heads, gated=True, latent=latent, experts=experts, moe_layers=moe_layers,
-                            tied=tied, mtp=mtp)
+                            tied=tied, mtp=mtp, window=window)
     except ValueError as exc:
         raise ValueError(f"{where}: {exc}") from None
+
+
+#: Families with sliding-window attention: transformers' default window (``sliding_window``), and
+#: whether the window needs ``use_sliding_window`` (Qwen: then only on the layers from
+#: ``max_window_layers`` on, or those ``layer_types`` marks ``sliding_attention``).
+WINDOWED = {"mistral": (4096, False), "mixtral": (None, False), "qwen2": (4096, True), "qwen3": (4096, True),
+            "qwen2_moe": (4096, True), "qwen3_moe": (4096, True)}
+
+
+def sliding_window(data: Mapping, kind: str, layers: int, where: str) -> tuple[int | None, int | None]:
+    """``(window, partial)``: the sliding window every decoder layer attends with (None: the whole
+    sequence), or, when only some layers slide, ``(None, window)`` (transformers' configuration
+    classes: Mistral's default window 4096, Mixtral's none; Qwen's only with ``use_sliding_window``,
+    default false, on layers ``i >= max_window_layers`` (default 28) unless ``layer_types`` says)."""
+    if kind not in WINDOWED:
+        return None, None
+    default, switched = WINDOWED[kind]
+    if switched:
+        use = data.get("use_sliding_window", False)
+        if not isinstance(use, bool):
+            raise ValueError(f"{where}: use_sliding_window: expected true or false, got {use!r}"[:300])
+        if not use:
+            return None, None
+    window = data.get("sliding_window", default)
+    if window is None:
+        return None, None
+    window = _count({"sliding_window": window}, "sliding_window", where)
+    if not switched:
+        return window, None
+    types = data.get("layer_types")
+    if types is not None:
+        if not isinstance(types, list) or len(types) != layers or any(
+                t not in ("full_attention", "sliding_attention") for t in types):
+            raise ValueError(f"{where}: layer_types: expected {layers} of 'full_attention' or 'sliding_attention'")
+        sliding = [t == "sliding_attention" for t in types]
+    else:
+        first = _optional(data, "max_window_layers", where, 28)
+        sliding = [i >= first for i in range(layers)]
+    if all(sliding):
+        return window, None
+    return (None, window) if any(sliding) else (None, None)
 
 
 #: Per MoE family: the config's fields of the expert count, the expert width and the shared width.
@@ -217,6 +259,11 @@ def model_of(data: Any, where: str, capacity: float, micro_batches: int, reserve
             message = message.replace(f"{name}=", f"{name} ({flag}) ").replace(f"{name} must", f"{name} ({flag}) must")
         raise ValueError(f"{where}: {message}") from None
     check_parallel(arch, tr, where, data.get("model_type", ""))
+    _, partial = sliding_window(data, check_fields(data, where), arch.layers, where)
+    if partial is not None and tr.seq > partial:
+        raise ValueError(f"{where}: sliding_window: only some layers attend through the {partial}-token window "
+                         f"(max_window_layers, layer_types), which gpuknap does not model; at --seq {tr.seq} it "
+                         f"changes their attention (at --seq {partial} or less it changes nothing)")
     return build(arch, tr, costs_device(device), capacity, micro_batches, reserved)
 
 
