@@ -42,14 +42,21 @@ READ = {
 }
 #: Megatron's own flags close to a read one (found in its argument definitions), left alone.
 KNOWN = {
-    "--eval-global-batch-size", "--eval-micro-batch-size", "--num-layers-in-first-pipeline-stage",
-    "--num-layers-in-last-pipeline-stage", "--rl-inference-expert-model-parallel-size",
+    "--eval-global-batch-size", "--eval-micro-batch-size", "--rl-inference-expert-model-parallel-size",
     "--rl-inference-pipeline-model-parallel-size", "--rl-inference-tensor-model-parallel-size",
-    "--sequence-length", "--use-layer-wise-distributed-optimizer", "--virtual-pipeline-model-parallel-size",
     "--encoder-num-layers", "--decoder-num-layers", "--decoder-seq-length",
 }
 #: Names that look like Megatron flags but are not (its parser refuses them), with what to write.
-NOT_FLAGS = {"--overlap-p2p-comm": "the p2p overlap is on by default (--no-overlap-p2p-communication turns it off)"}
+NOT_FLAGS = {
+    "--overlap-p2p-comm": "the p2p overlap is on by default (--no-overlap-p2p-communication turns it off)",
+    # fields of Megatron's configs that arguments.py excludes from its command line
+    "--virtual-pipeline-model-parallel-size": "the layout sets the virtual stages "
+                                              "(or --num-virtual-stages-per-pipeline-rank)",
+    "--num-layers-in-first-pipeline-stage": "the flag is --decoder-first-pipeline-num-layers",
+    "--num-layers-in-last-pipeline-stage": "the flag is --decoder-last-pipeline-num-layers",
+    "--use-layer-wise-distributed-optimizer": "Megatron sets it from the optimizer it runs",
+    "--sequence-length": "the flag is --seq-length",
+}
 _NAME = re.compile(r"[a-z_][a-z0-9_]*")
 
 
@@ -155,6 +162,8 @@ def arguments(text: str, path: str) -> dict[str, tuple[list[str], int]]:
             while i < len(tokens) and tokens[i][1] == line and _NAME.fullmatch(tokens[i][0]):
                 values.append(tokens[i][0])
                 i += 1
+            if not values:  # argparse's nargs="+"
+                raise ValueError(f"{path}: line {line}: {flag}: Megatron needs at least one name after it")
         for v in values:
             if "$" in v or "`" in v:
                 raise ValueError(f"{path}: line {line}: {flag} {v}: a shell variable; gpuknap reads values written "

@@ -186,6 +186,8 @@ def load_data(data: Any, path: str) -> Settings:
     for name, keys in (("parallel_config", PARALLEL_CONFIG), ("recompute_config", RECOMPUTE_CONFIG),
                        ("runner_config", RUNNER_CONFIG)):
         section = data.get(name, {})
+        if section is None and name == "recompute_config":  # MindFormers then takes its defaults: none
+            section = {}
         if not isinstance(section, dict):
             raise ValueError(f"{path}: {name}: expected a mapping")
         try:

@@ -62,6 +62,10 @@ def refused(capsys, tmp_path, content, words, name="s.txt", spec=DEMO, *extra):
     ("--num-layers 96\n--pipeline-model-parallel-size 2\n--pipeline-model-parallel-layout 'Et*24|t*24|t*24|t*24L'\n"
      "--no-overlap-p2p-communication\n", ["interleaved", "more than 2"]),  # on 2 stages it needs the overlap
     (MEG + "--overlap-p2p-comm\n", ["--overlap-p2p-comm is not a Megatron flag", "on by default"]),
+    (MEG + "--virtual-pipeline-model-parallel-size 2\n", ["not a Megatron flag", "layout"]),
+    (MEG + "--num-layers-in-first-pipeline-stage 4\n", ["not a Megatron flag", "--decoder-first-pipeline-num"]),
+    (MEG + "--sequence-length 4096\n", ["not a Megatron flag", "--seq-length"]),
+    (MEG + "--recompute-granularity selective --recompute-modules\n", ["--recompute-modules", "at least one"]),
     (MEG + "--seq-length 4096\n--encoder-seq-length 4096\n", ["--seq-length", "--encoder-seq-length"]),
     ("--num-layers 95\n--mtp-num-layers 1\n--pipeline-model-parallel-size 2\n"
      "--pipeline-model-parallel-layout 'Et*47m|t*48L'\n", ["MTP layers (m) after every decoder layer"]),
@@ -351,3 +355,8 @@ def test_mtp_layers_of_the_settings_and_the_config_must_agree(capsys, tmp_path):
     assert rc in (0, 1) and "MTP" not in err, err  # agreeing: costed, nothing to say
     rc, out, err, _ = rank(capsys, tmp_path, script.format(m=1, ms="m"), *extra, name="e.txt", spec=plain)
     assert rc in (0, 1) and "does not cost them" in out + err
+
+
+def test_a_null_recompute_config_recomputes_nothing(tmp_path):
+    none = read_settings(_write(tmp_path, "a.yaml", MF + "recompute_config: null\n"))
+    assert none == read_settings(_write(tmp_path, "b.yaml", MF)) and not any(none.recompute)
