@@ -13,11 +13,11 @@ import numpy as np
 from .. import formats, schedule
 from .._version import __version__
 from ..costs import pipeline_send
-from ..engine import FrontTable, get_backend, least_times
+from ..engine import FrontTable, get_backend, least_times, pp_lite
 from ..formats import Spec, load_spec
 from ..formats.splitfiles import read_splits, write_scores
 from ..search import one_body_kind
-from ..search import best_splits, coverage
+from ..search import best_splits, coverage, even_counts
 from ._flags import EXIT_OK, counts_list
 from ._frameworks import best_emit, rank_settings, settings_of_best
 from ._gantt import communication_shares
@@ -158,6 +158,13 @@ def cmd_best(args: argparse.Namespace) -> int:
                else f"the {args.score} score of interleaved splits is searched locally")
         text += (f"\n\nlocal search over interleaved splits ({why}): not proven optimal; the optimum is at least "
                  f"{found.lower_bound:.6g}")
+    even = _even_split(spec, stages, chunks, in_flight, found, records[0]) if args.score != "simulated" else None
+    if even is not None:
+        payload["even_split"] = even
+        text += (f"\n\nnote: Megatron's even split {even['counts']} simulates to "
+                 f"{even['iteration_time_simulated']:.6g}, faster than #1's {records[0]['iteration_time_simulated']:.6g}"
+                 f": the {args.score} score sees only stage totals, not unequal chunks; --score simulated searches "
+                 "the simulated time")
     if args.emit == "json":  # each framework's settings for the best split
         payload["settings"] = settings_of_best(spec, found, in_flight, chunks)
     if args.plot:
@@ -175,6 +182,26 @@ def cmd_best(args: argparse.Namespace) -> int:
         plot_best(records, solved, args.plot, f"{spec.name}, {shape}: best split {counts}{run}", comm)
     _emit(args, payload, text)
     return EXIT_OK
+
+
+def _even_split(spec: Spec, stages: int, chunks: int, in_flight: Any, found: Any, first: dict) -> dict | None:
+    """Megatron's even interleaved split when it fits and simulates faster than the first found."""
+    model = spec.model
+    if chunks == 1 or stages * chunks > model.layers:
+        return None
+    try:
+        counts = even_counts(model, stages * chunks)
+    except ValueError:  # fewer decoder layers than stages
+        return None
+    if counts == list(found[0][0]):
+        return None
+    choice = pp_lite(model.stages(counts, in_flight, chunks), model.fronts, spec.bucket)
+    if choice is None:
+        return None
+    (simulated,) = schedule.simulated_times(model, [(counts, 0.0, choice)], in_flight, chunks)
+    if simulated is None or not simulated < first["iteration_time_simulated"]:
+        return None
+    return {"counts": counts, "iteration_time_simulated": simulated}
 
 
 def cmd_rank(args: argparse.Namespace) -> int:
@@ -294,7 +321,10 @@ def cmd_timeline(args: argparse.Namespace) -> int:
         counts = counts_list(args.counts)
         _stages_match(args, counts, chunks)
     elif args.recompute:  # a run as it was run: Megatron's even split
-        counts = even_counts(spec.model, _stages(args, spec) * chunks)
+        try:
+            counts = even_counts(spec.model, _stages(args, spec) * chunks)
+        except ValueError as exc:
+            raise BadInput(f"--{exc}") from None
     else:
         schedule_size(args, spec, _stages(args, spec), chunks, schedule.MAX_TIMELINE_OPS)
         found = best_splits(spec.model, _stages(args, spec), 1, "1f1b", spec.bucket, get_backend(args.backend),
@@ -340,19 +370,3 @@ def _stages_match(args: argparse.Namespace, counts: list, chunks: int) -> None:
     if getattr(args, "stages", None) is not None and len(counts) != args.stages * chunks:
         raise BadInput(f"--stages {args.stages} contradicts --counts, which gives {len(counts)} counts"
                        + (f" ({chunks} chunks per stage)" if chunks > 1 else "") + "; give one of them")
-
-
-def even_counts(model: Any, parts: int) -> list[int]:
-    """Megatron's split of a model into ``parts`` (virtual) stages: the decoder layers as even as
-    they go (the remainder on the last ones), the embedding with the first and the output layer
-    with the last."""
-    head = 1 if model.kinds[0] == "embedding" else 0
-    tail = 1 if model.kinds[-1] == "output" else 0
-    decoders = model.layers - head - tail
-    if decoders < parts:
-        raise BadInput(f"--stages: {parts} stages (x chunks) for {decoders} decoder layers")
-    base, extra = divmod(decoders, parts)
-    counts = [base + (1 if i >= parts - extra else 0) for i in range(parts)]
-    counts[0] += head
-    counts[-1] += tail
-    return counts

@@ -186,6 +186,22 @@ def counts_of(totals: tuple, choice: dict, p: int, chunks: int) -> tuple:
     return tuple(out)
 
 
+def even_counts(model: Any, parts: int) -> list[int]:
+    """Megatron's split of a model into ``parts`` (virtual) stages: the decoder layers as even as
+    they go (the remainder on the last ones), the embedding with the first and the output layer
+    with the last (a ``ValueError`` when there are fewer decoder layers than parts)."""
+    head = 1 if model.kinds[0] == "embedding" else 0
+    tail = 1 if model.kinds[-1] == "output" else 0
+    decoders = model.layers - head - tail
+    if decoders < parts:
+        raise ValueError(f"stages: {parts} stages (x chunks) for {decoders} decoder layers")
+    base, extra = divmod(decoders, parts)
+    counts = [base + (1 if i >= parts - extra else 0) for i in range(parts)]
+    counts[0] += head
+    counts[-1] += tail
+    return counts
+
+
 def interleaved_score(times: np.ndarray, score: str, micro_batches: int, chunks: int) -> np.ndarray:
     """Scores of rows of stage times ``[B, P]`` (``inf`` rows stay ``inf``)."""
     slowest = times.max(axis=1)

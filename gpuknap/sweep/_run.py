@@ -33,6 +33,8 @@ from ..search import (
     front_table,
     interleaved_counts,
     interleaved_rounds,
+    interleaved_score,
+    even_counts,
     kind_index,
     one_body_kind,
 )
@@ -131,19 +133,67 @@ def run_configs(configs: list, builder: Callable, *, global_batch: int, score: s
                 continue
             jobs.append(job)
     _joint(jobs, backend, max_bytes)
-    rows = []
+    rows, even = [], []
     planners: dict[int, Planner] = {}  # one per front table: equal stages of several configurations solved once
     for job in jobs:
         plan = planners.setdefault(id(job.fronts), Planner(job.model.fronts, bucket, table=job.fronts))
         rows += _rows(job.config, job.found, job.model, plan, job.v, True, bucket)
+        even += _even_row(job.config, job.found, job.model, plan, score, bucket)
     for config in alone:  # interleaved, not one kind between the first and last layer: local search
         model = models[id(config)]
         found = best_interleaved(model, config["stages"], config["interleave"], top, score, bucket, backend,
                                  None, max_bytes)
         plan = Planner(model.fronts, bucket)
         rows += _rows(config, found, model, plan, config["interleave"], False, bucket)
-    _simulate_rows(rows, global_batch, time_unit, tokens)
-    return rows, skipped
+        even += _even_row(config, found, model, plan, score, bucket)
+    _simulate_rows(rows + even, global_batch, time_unit, tokens)
+    return _with_even(rows, even, top), skipped
+
+
+def _even_row(config: dict, found: list, model: Any, plan: Planner, score: str, bucket: float) -> list:
+    """An interleaved configuration's even split (Megatron's default) as a candidate row: the
+    closed form sees only stage totals and can pick a split whose unequal chunks simulate far
+    slower than the even one (docs/sweep.md).  Empty when it does not fit or was found anyway."""
+    p, v = config["stages"], config["interleave"]
+    if v == 1 or not found or p * v > model.layers:
+        return []
+    try:
+        counts = even_counts(model, p * v)
+    except ValueError:  # fewer decoder layers than virtual stages
+        return []
+    if any(tuple(c) == tuple(counts) for c, _ in found):
+        return []
+    stages = model.stages(counts, None, v)
+    choices = [plan.stage(st) for st in stages]
+    if any(c is None for c in choices):
+        return []
+    times = np.array([[c.time + st.fixed_time for c, st in zip(choices, stages)]])
+    value = float(interleaved_score(times, score, model.micro_batches, v)[0])
+    row = _rows(config, [(counts, value)], model, plan, v, False, bucket)[0]
+    row["even_split"] = True
+    return [row]
+
+
+def _with_even(rows: list, even: list, top: int) -> list:
+    """Each configuration's rows, its even split first where that simulates faster than the
+    closed form's best split (the others a rank lower, ``top`` rows kept)."""
+    faster = {}
+    for r in even:
+        first = next(x for x in rows if x["config"] is r["config"] and x["rank"] == 1)
+        if r["iteration_time"] < first["iteration_time"]:
+            faster[id(r["config"])] = r
+    if not faster:
+        return rows
+    out = []
+    for r in rows:
+        if id(r["config"]) in faster and r["feasible"]:
+            if r["rank"] == 1:
+                out.append(faster[id(r["config"])])
+            if r["rank"] < top:
+                out.append({**r, "rank": r["rank"] + 1})
+        else:
+            out.append(r)
+    return out
 
 
 def _rows(config: dict, found: list, model: Any, plan: Planner, v: int, exact: bool, bucket: float) -> list:

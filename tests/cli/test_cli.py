@@ -186,3 +186,22 @@ def test_device_field_memory_takes_a_unit_or_bytes():
     assert device_field("memory=70GiB") == ("memory", 70 * 2**30)
     assert device_field("memory = 75161927680") == ("memory", 75161927680.0)
     assert device_field("peak_flops=1e15") == ("peak_flops", 1e15)
+
+
+def test_best_interleaved_says_when_megatrons_even_split_simulates_faster(capsys):
+    """The 1f1b closed form's best interleaved split can put most layers in one chunk; the even split
+    (Megatron's default) is simulated beside it, and the timeline of that split agrees."""
+    from gpuknap.cli import main
+
+    flags = [os.path.join(EXAMPLES, "llama2_70b.json"), "--stages", "4", "--tp", "4", "--micro-batch-size", "1",
+             "--micro-batches", "64", "--dp", "4", "--interleave", "2", "--quiet"]
+    assert main(["best", *flags, "--score", "1f1b", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    even = out["even_split"]
+    assert even["counts"] == [11] + [10] * 6 + [11]
+    assert even["iteration_time_simulated"] < out["results"][0]["iteration_time_simulated"]
+    assert main(["timeline", *flags, "--counts", ",".join(map(str, even["counts"])), "--p2p", "0", "--json"]) == 0
+    timeline = json.loads(capsys.readouterr().out)["timeline"]
+    assert timeline["iteration_time"] == pytest.approx(even["iteration_time_simulated"], rel=1e-9)
+    assert main(["best", *flags, "--score", "1f1b"]) == 0
+    assert "Megatron's even split [11, 10, 10, 10, 10, 10, 10, 11] simulates to" in capsys.readouterr().out

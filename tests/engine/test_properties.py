@@ -29,6 +29,7 @@ from gpuknap import (
     pp_lite,
     rank,
     suffix_times,
+    work_limit,
 )
 from gpuknap.formats import load_spec
 
@@ -89,6 +90,11 @@ def only_value_errors(fn):
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(maybe_bad_fronts(), maybe_bad_groups(), st.one_of(budgets, junk_budget), st.one_of(buckets, junk))
 def test_public_api_raises_only_value_errors(fr, gs, budget, bucket):
+    with work_limit(10**8):  # an example is a bad-input check, not a long DP: bounded either way
+        _only_value_errors(fr, gs, budget, bucket)
+
+
+def _only_value_errors(fr, gs, budget, bucket):
     got, err = only_value_errors(lambda: choose(gs, fr, budget, bucket))
     if err is None and got is not None:
         assert not math.isnan(got.time) and got.memory <= budget
