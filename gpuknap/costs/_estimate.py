@@ -58,7 +58,9 @@ def pipeline_send(model: Any, stages: int) -> float:
 def run_of(model: Any, counts: Sequence[int], names: Sequence[str], chunks: int, span: float) -> Estimate:
     """The :class:`Estimate` of a split whose schedule takes ``span`` (in the model's time unit, from
     any simulation of it with :func:`pipeline_send`): each stage's busy time is its micro-batches'
-    forward and backward times, the rest of the span its bubble (the sends' share apart)."""
+    forward and backward times, the rest of the iteration its bubble (the sends' share and its own
+    tail apart, the wait for a later stage's tail included), so every stage's parts sum to the
+    iteration time."""
     costs: ModelCosts = model.costs
     unit = costs.time_unit
     p = len(counts) // chunks
@@ -80,12 +82,13 @@ def run_of(model: Any, counts: Sequence[int], names: Sequence[str], chunks: int,
     tails = [costs.tail(k) * unit for k in kinds]
     span *= unit
     send = pipeline_send(model, p)
+    iteration = max(span + t for t in tails)
     for s in range(p):
         sends = (s > 0) + (s < p - 1) if chunks == 1 else 2
         parts[s]["p2p"] = sends * chunks * m * send * unit
         parts[s]["dp"] = tails[s]
-        parts[s]["bubble"] = max(span - busy[s] - parts[s]["p2p"], 0.0)
-    iteration = max(span + t for t in tails)
+        # the rest of the iteration, the wait for a later stage's tail included: the parts sum to it
+        parts[s]["bubble"] = max(iteration - busy[s] - parts[s]["p2p"] - tails[s], 0.0)
     tr = costs.training
     gpus = tr.tp * tr.cp * tr.dp * p
     total: dict = {}
