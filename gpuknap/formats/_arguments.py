@@ -90,9 +90,29 @@ def words(text: str, path: str) -> list[tuple[str, int]]:
                 joined += "\n"
                 continue
             raise ValueError(f"{path}: line {first}: cannot split the line into words ({exc})") from None
+        _no_bare_pipes(joined, split, path, first)
         out += [(w, first) for w in _expanded(split)]
         joined, first = "", None
     return out
+
+
+def _no_bare_pipes(text: str, split: list[str], path: str, line: int) -> None:
+    """Refuse a word with an unquoted ``|`` in it (a layout written without quotes): the shell
+    would cut the command there and pipe it into the rest."""
+    piped = [w for w in split if "|" in w and w.strip("|")]
+    if not piped:
+        return
+    lexer = shlex.shlex(text, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    lexer.commenters = "#"
+    try:
+        tokens = set(lexer)
+    except ValueError:
+        return
+    for word in piped:
+        if word not in tokens:
+            raise ValueError(f"{path}: line {line}: {word!r}: the shell reads an unquoted '|' as a pipe and "
+                             f"cuts the command there; quote it ('{word}')")
 
 
 def _closed(text: str) -> bool:

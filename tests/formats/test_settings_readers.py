@@ -66,6 +66,8 @@ def refused(capsys, tmp_path, content, words, name="s.txt", spec=DEMO, *extra):
     (MEG + "--num-layers-in-first-pipeline-stage 4\n", ["not a Megatron flag", "--decoder-first-pipeline-num"]),
     (MEG + "--sequence-length 4096\n", ["not a Megatron flag", "--seq-length"]),
     (MEG + "--recompute-granularity selective --recompute-modules\n", ["--recompute-modules", "at least one"]),
+    ("torchrun x.py --num-layers 96 --pipeline-model-parallel-size 2 --pipeline-model-parallel-layout Et*48|t*48L\n",
+     ["'Et*48|t*48L'", "pipe", "quote it"]),
     (MEG + "--seq-length 4096\n--encoder-seq-length 4096\n", ["--seq-length", "--encoder-seq-length"]),
     ("--num-layers 95\n--mtp-num-layers 1\n--pipeline-model-parallel-size 2\n"
      "--pipeline-model-parallel-layout 'Et*47m|t*48L'\n", ["MTP layers (m) after every decoder layer"]),
