@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 from typing import Any, Callable
 
+import numpy as np
+
 from .. import formats
 from ..formats import framework
 from ..search import best_splits, constrained_splits, with_grouped
@@ -57,6 +59,16 @@ def best_emit(args: argparse.Namespace, spec: Any, stages: int, chunks: int, in_
     exact = getattr(found, "exact", True)
     search = "exact" if exact else f"a local search, not proven optimal; the optimum is at least {found.lower_bound:.6g}"
     notes = [f"framework-constrained search ({search}): {args.score} {value:.6g}"]
+    even = _even_plan(model, name, stages, chunks, in_flight, spec.bucket, counts, names, args.score) \
+        if chunks > 1 and args.score != "simulated" else None
+    if even is not None:  # the closed form's plan puts unequal chunks that the schedule pays for
+        counts, names, value, best_time, even_time, choice = even
+        exact = False
+        notes.append(f"emitted: the even split (Megatron's default), which simulates to {even_time:.6g} against "
+                     f"{best_time:.6g} for the {args.score} score's best plan (the score sees only stage totals, "
+                     f"not unequal chunks); it scores {value:.6g}; --score simulated searches the simulated time")
+        payload["even_split"] = True
+        found = [(counts, value, choice, names, None)]
     if free:
         cost = value - free[0][1]
         notes.append(f"the unconstrained plan scores {free[0][1]:.6g}: running as {name} sets it costs {cost:+.6g} "
@@ -123,6 +135,39 @@ def _merge(args: argparse.Namespace, settings: Any, source: str) -> dict:
                        f"--micro-batches {args.micro_batches}", source)
         args.micro_batches = gbs // per
     return extra
+
+
+def _even_plan(model: Any, name: str, stages: int, chunks: int, in_flight: Any, bucket: float, counts: Any,
+               names: Any, score: str) -> tuple | None:
+    """Megatron's even interleaved split with the best settings ``name`` expresses on it, when it
+    fits and simulates faster than the plan ``counts``/``names``: ``(counts, names, score, that
+    plan's simulated time, the even one's, its choice)``."""
+    from ..schedule import chunk_times, iteration_times  # noqa: PLC0415 - only for interleaved plans
+    from ..search import best_on_split, even_counts, interleaved_score  # noqa: PLC0415
+
+    try:
+        even = even_counts(model, stages * chunks)
+    except ValueError:
+        return None
+    if even == list(counts):
+        return None
+    even_names = best_on_split(model, even, name, chunks, in_flight, bucket)
+    if even_names is None:
+        return None
+    gm = with_grouped(model)
+    m = model.micro_batches
+
+    def simulated(c: Any, n: Any) -> float:
+        t = chunk_times(gm, list(c), n, chunks)
+        fwd, bwd = np.asarray(t.forward, dtype=np.float64)[None], np.asarray(t.backward, dtype=np.float64)[None]
+        return float(iteration_times(fwd, bwd, m, "interleaved")[0])
+
+    best_time, even_time = simulated(counts, names), simulated(even, even_names)
+    if not even_time < best_time:
+        return None
+    ev = framework.evaluate(gm, even, even_names, in_flight, chunks)
+    value = float(interleaved_score(np.array([ev.times], dtype=np.float64), score, m, chunks)[0])
+    return even, even_names, value, best_time, even_time, ev.choice
 
 
 def rank_settings(args: argparse.Namespace, make_spec: Callable[..., Any], emit: Callable[[dict, str], None],

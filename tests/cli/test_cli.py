@@ -205,3 +205,22 @@ def test_best_interleaved_says_when_megatrons_even_split_simulates_faster(capsys
     assert timeline["iteration_time"] == pytest.approx(even["iteration_time_simulated"], rel=1e-9)
     assert main(["best", *flags, "--score", "1f1b"]) == 0
     assert "Megatron's even split [11, 10, 10, 10, 10, 10, 10, 11] simulates to" in capsys.readouterr().out
+
+
+def test_emit_interleaved_writes_the_even_split_when_it_simulates_faster(capsys, tmp_path):
+    from gpuknap.cli import main
+
+    flags = [os.path.join(EXAMPLES, "llama2_70b.json"), "--stages", "4", "--tp", "4", "--micro-batch-size", "1",
+             "--micro-batches", "64", "--dp", "4", "--interleave", "2", "--quiet"]
+    assert main(["best", *flags, "--score", "1f1b", "--emit", "megatron", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["even_split"] is True and out["results"][0]["counts"] == [11] + [10] * 6 + [11]
+    text = out["settings"]["text"]
+    assert '--pipeline-model-parallel-layout "Et*10|t*10|t*10|t*10|t*10|t*10|t*10|t*10L"' in text
+    assert "emitted: the even split" in text
+    path = tmp_path / "run.sh"
+    path.write_text(text)
+    assert main(["rank", flags[0], "--tp", "4", "--micro-batch-size", "1", "--dp", "4", "--from", str(path),
+                 "--quiet", "--json"]) == 0  # read back: the same split, fitting
+    back = json.loads(capsys.readouterr().out)
+    assert back["best"]["counts"] == out["results"][0]["counts"] and back["feasible"]

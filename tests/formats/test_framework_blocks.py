@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 
+import numpy as np
 import pytest
 import yaml
 from framework_rules import megatron_args, megatron_layers, megatron_validate, mindformers_layers
@@ -17,7 +18,8 @@ from paths import EXAMPLES
 
 from gpuknap.cli import main
 from gpuknap.formats import load_spec, megatron, mindformers, mtp_layers
-from gpuknap.search import best_splits, constrained_splits
+from gpuknap.schedule import chunk_times, iteration_times
+from gpuknap.search import best_on_split, best_splits, constrained_splits, with_grouped
 
 TIGHT = ["--stages", "4", "--micro-batches", "32", "--seq", "8192", "--micro-batch-size", "4", "--tp", "8"]
 CASES = {
@@ -54,14 +56,33 @@ def emitted(capsys, path, argv, framework, chunks):
     return out.out
 
 
-def planned(path, argv, framework, chunks):
+def planned(path, argv, framework, chunks, text=""):
     """The plan ``best --emit`` writes: the constrained search, its local search (interleaved, mixed
-    kinds) also started from the unconstrained best split, as the command does."""
+    kinds) also started from the unconstrained best split, as the command does; or, where the text
+    says it emitted the even split, that split (decoder layers even, the remainder on the last
+    virtual stages) with the framework's best settings on it, which must simulate faster."""
     spec = load_spec(path, **spec_args(argv))
     free = best_splits(spec.model, spec.stages, 1, "slowest", spec.bucket, "numpy", interleave=chunks)
     found = constrained_splits(spec.model, spec.stages, framework, 1, "slowest", spec.bucket, "numpy",
                                interleave=chunks, starts=[f[0] for f in free])
     counts, _, _, names, _ = found[0]
+    if "emitted: the even split" in text:
+        model, parts = spec.model, spec.stages * chunks
+        head, tail = int(model.kinds[0] == "embedding"), int(model.kinds[-1] == "output")
+        base, extra = divmod(model.layers - head - tail, parts)
+        even = [base + (i >= parts - extra) for i in range(parts)]
+        even[0] += head
+        even[-1] += tail
+        even_names = best_on_split(model, even, framework, chunks, None, spec.bucket)
+        gm = with_grouped(model)
+
+        def simulated(c, n):
+            t = chunk_times(gm, c, n, chunks)
+            fwd, bwd = np.asarray(t.forward, float)[None], np.asarray(t.backward, float)[None]
+            return iteration_times(fwd, bwd, model.micro_batches, "interleaved")[0]
+
+        assert simulated(even, even_names) < simulated(list(counts), names)
+        counts, names = even, even_names
     return spec, list(counts), list(names)
 
 
@@ -70,7 +91,7 @@ def planned(path, argv, framework, chunks):
 def test_megatron_block_passes_megatrons_checks_and_runs_the_plan(case, chunks, capsys, tmp_path):
     path, argv = case
     text = emitted(capsys, path, argv, "megatron", chunks)
-    spec, counts, names = planned(path, argv, "megatron", chunks)
+    spec, counts, names = planned(path, argv, "megatron", chunks, text)
     run = spec.model.costs.training if spec.model.costs is not None else None
     ns = megatron_args(text)
     world = run.tp * run.cp * run.dp * spec.stages if run is not None else spec.stages
@@ -96,7 +117,7 @@ def test_megatron_block_passes_megatrons_checks_and_runs_the_plan(case, chunks, 
 def test_mindformers_block_passes_its_checks_and_runs_the_plan(case, chunks, capsys, tmp_path):
     path, argv = case
     text = emitted(capsys, path, argv, "mindformers", chunks)
-    spec, counts, names = planned(path, argv, "mindformers", chunks)
+    spec, counts, names = planned(path, argv, "mindformers", chunks, text)
     cfg = yaml.safe_load(text)
     for mcore in (False, True):  # legacy models and mcore ones read the same block as planned
         assert mindformers_layers(cfg, spec.model, mcore) == (counts, names)
