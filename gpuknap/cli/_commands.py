@@ -47,13 +47,13 @@ def device_keywords(args: argparse.Namespace) -> dict:
             "device_fields": dict(args.device_field) if args.device_field else None}
 
 
-def _spec(args: argparse.Namespace, path: str | None, **extra: Any) -> Spec:
+def _spec(args: argparse.Namespace, path: str | None, note_dp: bool = True, **extra: Any) -> Spec:
     spec = load_spec(path or default_example(), capacity=args.capacity, micro_batches=args.micro_batches,
                      stages=getattr(args, "stages", None), bucket=args.bucket, reserved=args.reserved, seq=args.seq,
                      micro_batch=args.micro_batch_size, tensor_parallel=args.tp, expert_parallel=args.ep,
                      expert_tensor_parallel=args.etp, context_parallel=args.cp, data_parallel=args.dp,
                      recompute=args.recompute, **extra, **device_keywords(args))
-    if spec.kind == "config" and args.dp is None and "data_parallel" not in extra:
+    if note_dp and spec.kind == "config" and args.dp is None and "data_parallel" not in extra:
         note("--dp not given: data-parallel size 1, so the optimizer state is not sharded and no gradients are "
              "reduced; give --dp for the run you plan")
     return spec
@@ -216,6 +216,9 @@ def cmd_rank(args: argparse.Namespace) -> int:
     sf = read_splits(args.splits)
     splits = sf.counts
     width = splits.shape[1]
+    if spec.stages is None and spec.model.costs is not None and width % spec.chunks == 0:
+        args.stages = width // spec.chunks  # a cost model depends on the stages (tied embeddings, MTP, sends)
+        spec = _spec(args, args.spec, note_dp=False)
     if spec.stages is not None and width != spec.stages * spec.chunks:
         need = f"{spec.stages} stages" + (f" x {spec.chunks} chunks" if spec.chunks > 1 else "")
         raise BadInput(f"{sf.where(0)} has {width} counts; the spec's pipeline needs {spec.stages * spec.chunks} "

@@ -224,3 +224,25 @@ def test_emit_interleaved_writes_the_even_split_when_it_simulates_faster(capsys,
                  "--quiet", "--json"]) == 0  # read back: the same split, fitting
     back = json.loads(capsys.readouterr().out)
     assert back["best"]["counts"] == out["results"][0]["counts"] and back["feasible"]
+
+
+def test_rank_splits_builds_the_cost_model_for_the_splits_stages(capsys, tmp_path):
+    """A cost-modelled model depends on its stage count (a tied embedding is held twice with more
+    than one stage, DeepSeek's MTP block needs an embedding copy on the last stage): rank --splits
+    builds it for the splits' stages."""
+    from gpuknap.cli import main
+
+    data = json.load(open(os.path.join(EXAMPLES, "qwen2_7b_config.json")))
+    config = tmp_path / "tied.json"
+    config.write_text(json.dumps({**data, "tie_word_embeddings": True}))
+    counts = [8, 7, 7, 8]
+    (tmp_path / "s.csv").write_text(",".join(map(str, counts)) + "\n")
+    flags = ["--capacity", "80GiB", "--micro-batches", "8", "--seq", "4096", "--dp", "1", "--quiet"]
+    assert main(["rank", str(config), "--splits", str(tmp_path / "s.csv"), "--json", *flags]) == 0
+    got = [st["static_bytes"] for st in json.loads(capsys.readouterr().out)["best"]["stages"]]
+    keywords = dict(capacity="80GiB", micro_batches=8, seq=4096, data_parallel=1)
+    for stages, same in ((4, True), (None, False)):  # built for 4 stages: the same; for one: not
+        model = load_spec(str(config), stages=stages, **keywords).model
+        bounds = np.cumsum([0] + counts)
+        want = [sum(model.static[model.kinds[i]] for i in range(a, b)) for a, b in zip(bounds, bounds[1:])]
+        assert (got == pytest.approx(want, rel=1e-12)) == same
