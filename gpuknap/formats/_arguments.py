@@ -1,12 +1,8 @@
 """Megatron-LM's command-line flags, read from a launch script or an arguments file.
 
-A launch script is read as the shell would split it into words: lines joined
-at a trailing backslash, comments dropped, quotes removed, one command at a time
-(bash arrays such as ``GPT_ARGS=( ... )``, on one line or several, string
-variables holding flags such as ``GPT_ARGS="--num-layers 32 ..."`` (read where
-they are defined, as an unquoted ``$GPT_ARGS`` passes them), and ``torchrun ...
-\\`` continuations all work).  A comment line inside a continued command ends
-it, as in the shell; flags after it would not reach Megatron, and are refused.
+A launch script is read as the shell would pass its words (:mod:`._shell`: continuation lines,
+comments, quotes, bash arrays and string variables passed where they are used, a comment that
+ends a continued command and an unquoted ``|`` refused).
 Only the flags in :data:`READ` are interpreted; every other word is
 left alone, except a flag that is not one of them but close to one (a
 misspelling Megatron's parser would refuse as unrecognized, and that gpuknap
@@ -15,14 +11,14 @@ own flags that happen to be close to a read one are listed in :data:`KNOWN`.
 
 Megatron's parser takes the last of a flag given twice; gpuknap refuses it,
 since it cannot know which was meant.  A value written as a shell variable
-(``$TP``) is refused: gpuknap reads what the file says.
+the file does not set (``$TP`` from the environment) is refused: gpuknap reads what the file says.
 """
 from __future__ import annotations
 
 import re
-import shlex
 
 from ._settings import misspelt
+from ._shell import words
 
 #: Flags read, and how many words each takes: 0 a switch, 1 one value, "*" any number of names.
 READ = {
@@ -58,88 +54,6 @@ NOT_FLAGS = {
     "--sequence-length": "the flag is --seq-length",
 }
 _NAME = re.compile(r"[a-z_][a-z0-9_]*")
-
-
-_ARRAY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=\(")
-_ASSIGN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=(.*)", re.S)
-
-
-def words(text: str, path: str) -> list[tuple[str, int]]:
-    """The shell words of a text with their line numbers (continuations joined, comments dropped,
-    quoted strings over several lines kept whole), with the words of bash arrays and of string
-    variables holding flags (``ARGS="--a 1 --b"``) read where they are defined."""
-    out: list[tuple[str, int]] = []
-    lines = re.split(r"\r?\n", text)
-    joined, first = "", None
-    for number, line in enumerate(lines, 1):
-        if first is None:
-            first = number
-        if joined and line.lstrip().startswith("#") and number < len(lines) \
-                and lines[number].lstrip().startswith("-") and _closed(joined):
-            raise ValueError(f"{path}: line {number}: this comment ends the command continued from line {first} "
-                             f"(the shell ends it there), so the flags from line {number + 1} on are not passed "
-                             "to it; move the comment out of the command")
-        if line.endswith("\\") and not line.endswith("\\\\"):
-            joined += line[:-1] + " "
-            continue
-        joined += line
-        try:
-            split = shlex.split(joined, comments=True)
-        except ValueError as exc:
-            if "closing quotation" in str(exc) and number < len(lines):  # a quoted string goes on
-                joined += "\n"
-                continue
-            raise ValueError(f"{path}: line {first}: cannot split the line into words ({exc})") from None
-        _no_bare_pipes(joined, split, path, first)
-        out += [(w, first) for w in _expanded(split)]
-        joined, first = "", None
-    return out
-
-
-def _no_bare_pipes(text: str, split: list[str], path: str, line: int) -> None:
-    """Refuse a word with an unquoted ``|`` in it (a layout written without quotes): the shell
-    would cut the command there and pipe it into the rest."""
-    piped = [w for w in split if "|" in w and w.strip("|")]
-    if not piped:
-        return
-    lexer = shlex.shlex(text, posix=True, punctuation_chars=True)
-    lexer.whitespace_split = True
-    lexer.commenters = "#"
-    try:
-        tokens = set(lexer)
-    except ValueError:
-        return
-    for word in piped:
-        if word not in tokens:
-            raise ValueError(f"{path}: line {line}: {word!r}: the shell reads an unquoted '|' as a pipe and "
-                             f"cuts the command there; quote it ('{word}')")
-
-
-def _closed(text: str) -> bool:
-    """Whether ``text`` ends outside any quoted string."""
-    try:
-        shlex.split(text)
-    except ValueError:
-        return False
-    return True
-
-
-def _expanded(split: list[str]) -> list[str]:
-    """The words of one command as the flags they pass: ``NAME=(--a 1`` ... ``x)`` (a bash array
-    on one or more lines) without its brackets, and a string variable's flags split at spaces
-    (as an unquoted ``$NAME`` is, quotes inside kept)."""
-    out = []
-    for word in split:
-        if _ARRAY.match(word):
-            word = word[word.index("(") + 1:]
-        elif _ASSIGN.fullmatch(word) and re.search(r"(^|\s)--[a-z]", _ASSIGN.fullmatch(word).group(1)):
-            out += _ASSIGN.fullmatch(word).group(1).split()
-            continue
-        if word.endswith(")") and not word.endswith("\\)") and "(" not in word:
-            word = word[:-1]
-        if word:
-            out.append(word)
-    return out
 
 
 def arguments(text: str, path: str) -> dict[str, tuple[list[str], int]]:

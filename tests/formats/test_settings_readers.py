@@ -362,3 +362,25 @@ def test_mtp_layers_of_the_settings_and_the_config_must_agree(capsys, tmp_path):
 def test_a_null_recompute_config_recomputes_nothing(tmp_path):
     none = read_settings(_write(tmp_path, "a.yaml", MF + "recompute_config: null\n"))
     assert none == read_settings(_write(tmp_path, "b.yaml", MF)) and not any(none.recompute)
+
+
+RECOMPUTE = "--recompute-granularity full --recompute-method block --recompute-num-layers 5"
+
+
+@pytest.mark.parametrize("script, recomputes", [
+    (f'R="{RECOMPUTE}"\ntorchrun x.py \\\n  {SCRIPT_RUN}\n', False),  # set, never used
+    (f'R="{RECOMPUTE}"\ntorchrun x.py \\\n  {SCRIPT_RUN} # $R\n', False),  # used in a comment only
+    (f'R="{RECOMPUTE}"\nR=""\ntorchrun x.py \\\n  {SCRIPT_RUN} $R\n', False),  # reset before use
+    (f'M="the run leaves out {RECOMPUTE}"\necho "$M"\ntorchrun x.py {SCRIPT_RUN}\n', False),  # printed
+    (f'A=({SCRIPT_RUN})\nR="{RECOMPUTE}"\nR="$R"\ntorchrun x.py "${{A[@]}}" $R\n', True),  # used, reassigned
+    (f'A=({SCRIPT_RUN})\nB=("${{A[@]}}" {RECOMPUTE})\ntorchrun x.py "${{B[@]}}"\n', True),  # an array of arrays
+])
+def test_variables_pass_their_flags_where_the_shell_uses_them(tmp_path, script, recomputes):
+    got = read_settings(_write(tmp_path, "run.sh", script))
+    assert (got.granularity == "full") == recomputes and got.run.get("sequence_parallel") is True
+
+
+def test_a_variable_set_inside_an_if_is_refused_where_used(capsys, tmp_path):
+    script = (f'if [ "$AC" = full ]; then\n  R="{RECOMPUTE}"\nelse\n  R=""\nfi\n'
+              f"torchrun x.py {SCRIPT_RUN} $R\n")
+    refused(capsys, tmp_path, script, ["line 6", "$R is set inside an if or case block", "line 4"], "run.sh")
