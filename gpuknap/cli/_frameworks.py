@@ -59,6 +59,10 @@ def best_emit(args: argparse.Namespace, spec: Any, stages: int, chunks: int, in_
     exact = getattr(found, "exact", True)
     search = "exact" if exact else f"a local search, not proven optimal; the optimum is at least {found.lower_bound:.6g}"
     notes = [f"framework-constrained search ({search}): {args.score} {value:.6g}"]
+    window = formats.window_tokens(spec.source)
+    if window is not None and name == "megatron":  # not written: the flag's (left, right) form is the user's
+        notes.append(f"costed with the config's {window}-token sliding-window attention: Megatron runs it only "
+                     "with --window-size (its default is full attention, slower at sequences over the window)")
     even = _even_plan(model, name, stages, chunks, in_flight, spec.bucket, counts, names, args.score) \
         if chunks > 1 and args.score != "simulated" else None
     if even is not None:  # the closed form's plan puts unequal chunks that the schedule pays for
@@ -201,7 +205,11 @@ def rank_settings(args: argparse.Namespace, make_spec: Callable[..., Any], emit:
                    "(num_nextn_predict_layers), which gpuknap costs on the last stage; make them agree", source)
     if read and not costed:
         notes.append(f"{read} MTP layer(s) read; this model has none, so gpuknap does not cost them")
-    elif costed and not read:
+    window = formats.window_tokens(args.spec)
+    if window is not None and isinstance(settings, formats.megatron.Settings):
+        notes.append(f"the config's {window}-token sliding window is costed; Megatron runs it only with "
+                     "--window-size, which gpuknap does not read")
+    if costed and not read:
         notes.append(f"the config's {costed} MTP layer(s) are costed on the last stage; these settings run none")
     payload = {**header(spec), "from": source, "feasible": not over, "over_budget_stages": over, "best": record,
                "notes": notes}

@@ -84,6 +84,21 @@ def mtp_layers(source: str) -> int:
     return value
 
 
+def window_tokens(source: str) -> int | None:
+    """The sliding window every layer of a Hugging Face config attends with (None: none)."""
+    try:
+        data = read_document(source)
+    except (ValueError, TypeError):
+        return None
+    if not hf.is_config(data):
+        return None
+    try:
+        kind = hf.check_fields(data, source)
+        return hf.sliding_window(data, kind, int(data.get("num_hidden_layers") or 0), source)[0]
+    except (ValueError, TypeError):
+        return None
+
+
 def analytic(source: str) -> bool:
     """Whether a model file is costed by gpuknap's cost model (a Hugging Face config, or a spec
     with a ``transformer`` section) rather than giving its options (False when unreadable)."""
@@ -119,5 +134,5 @@ def read_settings(path: str | os.PathLike) -> Any:
 __all__ = [
     "framework", "hf", "megatron", "mindformers", "sapp_ppb", "splitfiles", "MAX_FILE_BYTES", "check_keys",
     "read_document", "read_text", "suggest", "Spec", "parse_quantity", "config_from", "load_spec",
-    "EMITTERS", "EXCLUSIVE", "RUNS", "restrict", "emit", "mtp_layers", "analytic", "read_settings",
+    "EMITTERS", "EXCLUSIVE", "RUNS", "restrict", "emit", "mtp_layers", "window_tokens", "analytic", "read_settings",
 ]
