@@ -146,7 +146,7 @@ def _even_plan(model: Any, name: str, stages: int, chunks: int, in_flight: Any, 
     """Megatron's even interleaved split with the best settings ``name`` expresses on it, when it
     fits and simulates faster than the plan ``counts``/``names``: ``(counts, names, score, that
     plan's simulated time, the even one's, its choice)``."""
-    from ..schedule import chunk_times, iteration_times  # noqa: PLC0415 - only for interleaved plans
+    from ..schedule import simulated_plans  # noqa: PLC0415 - only for interleaved plans
     from ..search import best_on_split, even_counts, interleaved_score  # noqa: PLC0415
 
     try:
@@ -159,18 +159,11 @@ def _even_plan(model: Any, name: str, stages: int, chunks: int, in_flight: Any, 
     if even_names is None:
         return None
     gm = with_grouped(model)
-    m = model.micro_batches
-
-    def simulated(c: Any, n: Any) -> float:
-        t = chunk_times(gm, list(c), n, chunks)
-        fwd, bwd = np.asarray(t.forward, dtype=np.float64)[None], np.asarray(t.backward, dtype=np.float64)[None]
-        return float(iteration_times(fwd, bwd, m, "interleaved")[0])
-
-    best_time, even_time = simulated(counts, names), simulated(even, even_names)
+    best_time, even_time = simulated_plans(gm, [(list(counts), names), (even, even_names)], chunks)
     if not even_time < best_time:
         return None
     ev = framework.evaluate(gm, even, even_names, in_flight, chunks)
-    value = float(interleaved_score(np.array([ev.times], dtype=np.float64), score, m, chunks)[0])
+    value = float(interleaved_score(np.array([ev.times], dtype=np.float64), score, model.micro_batches, chunks)[0])
     return even, even_names, value, best_time, even_time, ev.choice
 
 

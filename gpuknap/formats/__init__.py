@@ -70,27 +70,25 @@ def emit(framework_name: str, model: Any, counts: Any, choice: Any = None, name:
     return EMITTERS[framework_name].dump(plan)
 
 
+def _config(source: str) -> Any:
+    """The Hugging Face config at ``source``, or None (not one, or unreadable)."""
+    try:
+        data = read_document(os.fspath(source))
+    except (ValueError, TypeError):
+        return None
+    return data if hf.is_config(data) else None
+
+
 def mtp_layers(source: str) -> int:
     """The multi-token-prediction layers of a Hugging Face config (``num_nextn_predict_layers``), else 0."""
-    try:
-        data = read_document(source)
-    except (ValueError, TypeError):
-        return 0
-    if not hf.is_config(data):
-        return 0
-    value = data.get("num_nextn_predict_layers", 0) or 0
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 1000:
-        raise ValueError(f"{source}: num_nextn_predict_layers: expected an integer from 0 to 1,000, got {value!r}")
-    return value
+    data = _config(source)
+    return 0 if data is None else hf.mtp_depths(data, source)
 
 
 def window_tokens(source: str) -> int | None:
     """The sliding window every layer of a Hugging Face config attends with (None: none)."""
-    try:
-        data = read_document(source)
-    except (ValueError, TypeError):
-        return None
-    if not hf.is_config(data):
+    data = _config(source)
+    if data is None:
         return None
     try:
         kind = hf.check_fields(data, source)

@@ -153,7 +153,7 @@ def check_layout(segments: tuple, values: dict, path: str) -> None:
                          "pipeline stages, or more than 1 with its p2p overlap (on unless --no-overlap-p2p-communication)")
 
 
-def run_flags(run: Any, chunks: int) -> list[str]:
+def run_flags(run: Any) -> list[str]:
     """The parallel sizes, batch, sequence and optimizer flags of a run."""
     out = [f"--tensor-model-parallel-size {run.tp}"]
     if run.sequence_parallel and run.tp > 1:  # Megatron turns it off itself at TP 1
@@ -166,8 +166,7 @@ def run_flags(run: Any, chunks: int) -> list[str]:
             f"--seq-length {run.seq}"]
     if run.distributed_optimizer:
         out.append("--use-distributed-optimizer")
-    # interleaving on 2 stages needs the p2p overlap, which is on unless --no-overlap-p2p-communication
-    return out
+    return out  # interleaving on 2 stages needs the p2p overlap: on unless --no-overlap-p2p-communication
 
 
 def conflicts(plan: Any, setting: Any) -> list[str]:

@@ -31,9 +31,11 @@ _REFERENCE = re.compile(r"\$(?:([A-Za-z_][A-Za-z0-9_]*)|\{([A-Za-z_][A-Za-z0-9_]
 _FLAG = re.compile(r"(^|\s)--[a-z]")
 #: Commands whose words are printed, not passed.
 _PRINTERS = ("echo", "printf")
+#: Commands whose words are assignments.
+_DECLARERS = ("export", "local", "declare", "readonly")
 #: First words that run no program themselves.
-_KEYWORDS = ("export", "local", "declare", "readonly", "if", "then", "else", "elif", "fi", "case", "esac", "set",
-             "source", ".", "[", "[[", "test", "for", "do", "done", "while", ")", "(", "{", "}")
+_KEYWORDS = _DECLARERS + ("if", "then", "else", "elif", "fi", "case", "esac", "set", "source", ".", "[", "[[",
+                          "test", "for", "do", "done", "while", ")", "(", "{", "}")
 
 
 def commands(text: str, path: str) -> list[tuple[list[str], int]]:
@@ -115,7 +117,7 @@ def words(text: str, path: str) -> list[tuple[str, int]]:
         if split and split[0] in _PRINTERS:
             continue
         ran = ran or bool(split) and not _ASSIGN.fullmatch(split[0]) and split[0] not in _KEYWORDS
-        rest = split[1:] if split and split[0] in ("export", "local", "declare", "readonly") else split
+        rest = split[1:] if split and split[0] in _DECLARERS else split
         defined = _ARRAY.fullmatch(rest[0]) if rest else None
         if defined is not None:
             held = [defined.group(2)] + rest[1:]

@@ -153,11 +153,7 @@ def architecture(data: Any, where: str) -> Architecture:
             head_dim = _count({"head_dim": head_dim}, "head_dim", where)
         elif hidden % heads:
             raise ValueError(f"{where}: hidden_size: {hidden} is not divisible by num_attention_heads={heads}")
-    # MTP depths, costed on the last stage as the Megatron settings gpuknap emits place them
-    # (absent: none, as formats.mtp_layers reads it for --mtp-num-layers)
-    mtp = _optional(data, "num_nextn_predict_layers", where, 0) if kind == "deepseek_v3" else 0
-    if mtp > 1000:
-        raise ValueError(f"{where}: num_nextn_predict_layers: expected an integer from 0 to 1,000, got {mtp:,}")
+    mtp = mtp_depths(data, where) if kind == "deepseek_v3" else 0
     window, _ = sliding_window(data, kind, layers, where)
     tied = data.get("tie_word_embeddings", False)  # every family's class defaults it to false
     if not isinstance(tied, bool):
@@ -168,6 +164,15 @@ def architecture(data: Any, where: str) -> Architecture:
                             tied=tied, mtp=mtp, window=window)
     except ValueError as exc:
         raise ValueError(f"{where}: {exc}") from None
+
+
+def mtp_depths(data: Mapping, where: str) -> int:
+    """Multi-token-prediction depths (``num_nextn_predict_layers``; absent: none), costed on the
+    last stage where the Megatron settings gpuknap writes place them."""
+    mtp = _optional(data, "num_nextn_predict_layers", where, 0)
+    if mtp > 1000:
+        raise ValueError(f"{where}: num_nextn_predict_layers: expected an integer from 0 to 1,000, got {mtp:,}")
+    return mtp
 
 
 #: Families with sliding-window attention: transformers' default window (``sliding_window``), and

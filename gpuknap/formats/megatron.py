@@ -249,7 +249,7 @@ def flags(plan: FrameworkPlan, setting: Settings) -> list[str]:
     if plan.mtp:
         out.append(f"--mtp-num-layers {plan.mtp}")
     if run is not None:
-        out += run_flags(run, plan.chunks)
+        out += run_flags(run)
     return out + setting.flags()
 
 

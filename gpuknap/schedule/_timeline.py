@@ -97,13 +97,17 @@ def of_split(model: Any, counts: Sequence[int], bucket: float, in_flight: Any = 
 def simulated_times(model: Any, found: Sequence[tuple], in_flight: Any = None, chunks: int = 1) -> list[float]:
     """The simulated iteration time (Megatron's schedule, no transfer time) of each solved
     split ``(counts, score, choice, ...)``, all in one batch."""
-    if not found:
+    return simulated_plans(model, [(e[0], model.option_names(e[0], e[2], in_flight, chunks)) for e in found], chunks)
+
+
+def simulated_plans(model: Any, plans: Sequence[tuple], chunks: int = 1) -> list[float]:
+    """:func:`simulated_times` of splits given as ``(counts, every layer's option name)``."""
+    if not plans:
         return []
-    p = len(found[0][0]) // chunks
-    fwd, bwd = np.empty((len(found), p, chunks)), np.empty((len(found), p, chunks))
-    for i, entry in enumerate(found):
-        names = model.option_names(entry[0], entry[2], in_flight, chunks)
-        times = chunk_times(model, entry[0], names, chunks)
+    p = len(plans[0][0]) // chunks
+    fwd, bwd = np.empty((len(plans), p, chunks)), np.empty((len(plans), p, chunks))
+    for i, (counts, names) in enumerate(plans):
+        times = chunk_times(model, counts, names, chunks)
         fwd[i], bwd[i] = times.forward, times.backward
     return iteration_times(fwd, bwd, model.micro_batches, "interleaved" if chunks > 1 else "1f1b").tolist()
 

@@ -177,11 +177,8 @@ def _even_row(config: dict, found: list, model: Any, plan: Planner, score: str, 
 def _with_even(rows: list, even: list, top: int) -> list:
     """Each configuration's rows, its even split first where that simulates faster than the
     closed form's best split (the others a rank lower, ``top`` rows kept)."""
-    faster = {}
-    for r in even:
-        first = next(x for x in rows if x["config"] is r["config"] and x["rank"] == 1)
-        if r["iteration_time"] < first["iteration_time"]:
-            faster[id(r["config"])] = r
+    first = {id(x["config"]): x for x in rows if x["rank"] == 1}
+    faster = {id(r["config"]): r for r in even if r["iteration_time"] < first[id(r["config"])]["iteration_time"]}
     if not faster:
         return rows
     out = []
