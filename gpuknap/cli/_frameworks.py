@@ -59,10 +59,6 @@ def best_emit(args: argparse.Namespace, spec: Any, stages: int, chunks: int, in_
     exact = getattr(found, "exact", True)
     search = "exact" if exact else f"a local search, not proven optimal; the optimum is at least {found.lower_bound:.6g}"
     notes = [f"framework-constrained search ({search}): {args.score} {value:.6g}"]
-    window = formats.window_tokens(spec.source)
-    if window is not None and name == "megatron":  # not written: the flag's (left, right) form is the user's
-        notes.append(f"costed with the config's {window}-token sliding-window attention: Megatron runs it only "
-                     "with --window-size (its default is full attention, slower at sequences over the window)")
     even = _even_plan(model, name, stages, chunks, in_flight, spec.bucket, counts, names, args.score) \
         if chunks > 1 and args.score != "simulated" else None
     if even is not None:  # the closed form's plan puts unequal chunks that the schedule pays for
@@ -129,6 +125,11 @@ def _merge(args: argparse.Namespace, settings: Any, source: str) -> dict:
             if not isinstance(value, bool):
                 raise _bad(f"sequence parallelism: expected true or false, got {value!r}", source)
             extra["sequence_parallel"] = value
+        elif key == "window" and formats.is_config(args.spec):  # the attention the settings run
+            extra["window"] = value
+        elif key == "window" and value:
+            raise _bad(f"--window-size: a sliding window is costed only on a Hugging Face config, and {args.spec} "
+                       "is not one", source)
     if gbs is not None:  # Megatron: micro-batches = global batch / (micro-batch size x data-parallel size)
         per = (args.micro_batch_size or 1) * (args.dp or 1)
         if gbs % per:
@@ -167,6 +168,21 @@ def _even_plan(model: Any, name: str, stages: int, chunks: int, in_flight: Any, 
     return even, even_names, value, best_time, even_time, ev.choice
 
 
+def _window_notes(config: int | None, read: int | None) -> list[str]:
+    """What ``rank --from`` says when the attention window Megatron settings run (``read`` keys a
+    query, 0 the whole sequence, None not said) is not the config's (``config``, None: none)."""
+    if read is None:
+        return [] if config is None else [
+            f"the config's {config}-token sliding window is costed; these flags do not set --window-size, without "
+            f"which Megatron attends to the whole sequence (the window is --window-size {config - 1},0)"]
+    if read == (config or 0):
+        return []
+    theirs = "the whole sequence (no --window-size)" if not read else \
+        f"a {read}-token window (--window-size {read - 1},0)"
+    ours = f"{config}-token sliding window" if config else "attention (no sliding window)"
+    return [f"costed as the settings run attention: {theirs}, not the config's {ours}"]
+
+
 def rank_settings(args: argparse.Namespace, make_spec: Callable[..., Any], emit: Callable[[dict, str], None],
                   header: Callable[[Any], dict]) -> int:
     """``rank --from FILE``: score a framework's settings on the model, built as they run it."""
@@ -198,10 +214,8 @@ def rank_settings(args: argparse.Namespace, make_spec: Callable[..., Any], emit:
                    "(num_nextn_predict_layers), which gpuknap costs on the last stage; make them agree", source)
     if read and not costed:
         notes.append(f"{read} MTP layer(s) read; this model has none, so gpuknap does not cost them")
-    window = formats.window_tokens(args.spec)
-    if window is not None and isinstance(settings, formats.megatron.Settings):
-        notes.append(f"the config's {window}-token sliding window is costed; Megatron runs it only with "
-                     "--window-size, which gpuknap does not read")
+    if isinstance(settings, formats.megatron.Settings):
+        notes += _window_notes(formats.window_tokens(args.spec), run.get("window"))
     if costed and not read:
         notes.append(f"the config's {costed} MTP layer(s) are costed on the last stage; these settings run none")
     payload = {**header(spec), "from": source, "feasible": not over, "over_budget_stages": over, "best": record,

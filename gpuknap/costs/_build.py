@@ -43,6 +43,7 @@ class ModelCosts:
     expert_params: Mapping = field(default_factory=dict)
     p2p: float = 0.0
     time_unit: float = 1e-3
+    window: int | None = None
 
     def tail(self, kinds: Mapping) -> float:
         """Time after a stage's last backward (ms): the exposed part of the data-parallel gradient
@@ -196,7 +197,7 @@ def build(arch: Architecture, tr: Training, device: Device, capacity: float, mic
     if tr.pp > 1:
         activation = ACT * tr.seq * tr.micro_batch / tr.cp * arch.hidden
         p2p = send(activation / tr.tp if tr.sequence_parallel else activation, links(device, tr, "pp")) * MS
-    costs = ModelCosts(device, tr, micro_batches, flops, params, expert, p2p)
+    costs = ModelCosts(device, tr, micro_batches, flops, params, expert, p2p, window=arch.window)
     return PipelineModel(kinds, fronts, static, capacity, micro_batches, reserved, costs=costs)
 
 

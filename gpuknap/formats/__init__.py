@@ -79,6 +79,11 @@ def _config(source: str) -> Any:
     return data if hf.is_config(data) else None
 
 
+def is_config(source: str) -> bool:
+    """Whether ``source`` is a readable Hugging Face config."""
+    return _config(source) is not None
+
+
 def mtp_layers(source: str) -> int:
     """The multi-token-prediction layers of a Hugging Face config (``num_nextn_predict_layers``), else 0."""
     data = _config(source)
@@ -132,5 +137,5 @@ def read_settings(path: str | os.PathLike) -> Any:
 __all__ = [
     "framework", "hf", "megatron", "mindformers", "sapp_ppb", "splitfiles", "MAX_FILE_BYTES", "check_keys",
     "read_document", "read_text", "suggest", "Spec", "parse_quantity", "config_from", "load_spec",
-    "EMITTERS", "EXCLUSIVE", "RUNS", "restrict", "emit", "mtp_layers", "window_tokens", "analytic", "read_settings",
+    "EMITTERS", "EXCLUSIVE", "RUNS", "restrict", "emit", "is_config", "mtp_layers", "window_tokens", "analytic", "read_settings",
 ]

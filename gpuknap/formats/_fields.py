@@ -127,11 +127,13 @@ def _training(training: dict, arg: Fields) -> dict:
                 costs_device(None, **value)
             except (ValueError, TypeError) as exc:
                 raise ValueError(f"device_fields (--device-field): {str(exc).split(': ', 1)[-1]}") from None
+        elif name == "window":  # the attention window a framework's settings run (0: the whole sequence)
+            value = _override(value, "window", lambda v: arg.integer(v, name, 0, 10**7))
         elif name == "recompute":
             if value not in RECOMPUTE:
                 raise ValueError(f"recompute (--recompute): expected one of {', '.join(RECOMPUTE)}, got {value!r}")
         else:
-            known = sorted(TRAINING) + sorted(DEVICE) + ["recompute", *BOOLEANS]
+            known = sorted(TRAINING) + sorted(DEVICE) + ["recompute", "window", *BOOLEANS]
             raise ValueError(f"unknown keyword {name!r}; known: {', '.join(known)}")
         out[name] = value
     return out

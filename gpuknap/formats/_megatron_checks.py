@@ -8,7 +8,13 @@ docs/training_settings.md):
   selective recompute takes no method; ``--distribute-saved-activations`` needs full recompute
   with a method; the expert tensor-parallel size defaults to the tensor-parallel size; sequence
   parallelism is turned off when the tensor-parallel size is 1; the old ``--model-parallel-size``
-  must not be set; the flags are spelt exactly (the parser allows no abbreviations).
+  must not be set; the flags are spelt exactly (the parser allows no abbreviations);
+  ``--window-size`` is a tuple of integers written ``L,R`` or ``(L,R)``.
+- ``megatron/core/transformer/utils.py`` (``get_sliding_window_causal_mask``): with a window
+  ``(L, R)`` query ``i`` attends to keys ``i - L`` to ``i + R``; a causal model with ``R = 0``
+  attends to ``L + 1`` keys (a Hugging Face ``sliding_window`` of ``W`` keys is ``W - 1,0``);
+  ``-1`` is an unbounded side (``transformer_config.py``); ``--window-attn-skip-freq`` makes some
+  layers attend to the whole sequence.
 - ``megatron/core/transformer/transformer_config.py``: full recompute needs a method (block or
   uniform) and a number of layers, selective recompute no number; the selective modules Megatron
   knows, and ``moe_act`` only with ``--moe-grouped-gemm``; the first/last-stage layer counts and
@@ -62,10 +68,28 @@ def _refuse(args: dict, flag: str, path: str, why: str) -> None:
         raise ValueError(f"{path}: line {args[flag][1]}: {flag}: {why}")
 
 
+def _window(args: dict, path: str) -> int | None:
+    """Keys a query attends to under ``--window-size`` (0: the whole sequence; None: not given)."""
+    if "--window-size" not in args:
+        return None
+    values, line = args["--window-size"]
+    m = re.fullmatch(r"\(?\s*(-?\d{1,9})\s*,\s*(-?\d{1,9})\s*\)?", values[0])
+    if m is None:
+        raise ValueError(f"{path}: line {line}: --window-size: expected two integers LEFT,RIGHT (keys before and "
+                         f"after a query), got {values[0]!r}")
+    left, right = int(m[1]), int(m[2])
+    if left < -1 or right != 0:
+        raise ValueError(f"{path}: line {line}: --window-size: gpuknap reads a causal window LEFT,0 (LEFT >= 0, or "
+                         f"-1 for the whole sequence), got {values[0]!r}")
+    return 0 if left == -1 else left + 1
+
+
 def check_arguments(args: dict, path: str) -> dict:
     """The values of the flags read, checked as Megatron checks them."""
     _refuse(args, "--hybrid-layer-pattern", path, "a hybrid (Mamba) model's pattern; gpuknap reads GPT layouts")
     _refuse(args, "--model-parallel-size", path, "no longer valid in Megatron; use --tensor-model-parallel-size")
+    _refuse(args, "--window-attn-skip-freq", path, "some layers then attend to the whole sequence and others "
+                                                   "through the window, which gpuknap does not model")
     if "--pipeline-model-parallel-layout" not in args:
         raise ValueError(f"{path}: --pipeline-model-parallel-layout: missing; gpuknap reads a Megatron split from "
                          "its layout (the even split and --decoder-first/last-pipeline-num-layers are not read)")
@@ -116,6 +140,9 @@ def check_arguments(args: dict, path: str) -> dict:
             run[key] = True if kind is bool else _int(args, flag, path)
         elif whole and key in ("sequence_parallel", "distributed_optimizer"):
             run[key] = False  # a switch a whole run leaves out is off: Megatron's default
+    window = _window(args, path)
+    if window is not None or whole:  # a whole run without --window-size attends to the whole sequence
+        run["window"] = window or 0
     if "--encoder-seq-length" in args:  # arguments.py: one is the other, and only one may be given
         _refuse(args, "--seq-length", path, "Megatron refuses it beside --encoder-seq-length (one is the other)")
         run["seq"] = _int(args, "--encoder-seq-length", path)
@@ -166,6 +193,8 @@ def run_flags(run: Any) -> list[str]:
             f"--seq-length {run.seq}"]
     if run.distributed_optimizer:
         out.append("--use-distributed-optimizer")
+    if run.window:  # a causal window of W keys: the query and W - 1 before it
+        out.append(f"--window-size {run.window - 1},0")
     return out  # interleaving on 2 stages needs the p2p overlap: on unless --no-overlap-p2p-communication
 
 
@@ -180,6 +209,8 @@ def conflicts(plan: Any, setting: Any) -> list[str]:
         drop.append("--use-distributed-optimizer")
     if not plan.mtp:
         drop.append("--mtp-num-layers")
+    if run is not None:
+        drop += ["--window-attn-skip-freq"] + ([] if run.window else ["--window-size"])
     lines = ["remove from your script (Megatron refuses them beside a layout, or they change this run):"]
     for i in range(0, len(drop), 3):
         lines.append("  " + " ".join(drop[i:i + 3]))

@@ -29,7 +29,8 @@ class Run:
     """How a cost-modelled plan is trained, as gpuknap assumed it (the sizes a framework must be
     told): tensor, context, expert and expert-tensor parallel sizes, data-parallel replicas,
     pipeline stages, sequence length, samples per micro-batch, micro-batches per iteration,
-    sequence parallelism, the distributed optimizer, and whether the model has MoE layers."""
+    sequence parallelism, the distributed optimizer, whether the model has MoE layers, and the
+    sliding window its attention was costed with (keys a query attends to; None: all)."""
 
     tp: int
     cp: int
@@ -43,6 +44,7 @@ class Run:
     sequence_parallel: bool
     distributed_optimizer: bool
     moe: bool
+    window: int | None = None
 
     @property
     def global_batch(self) -> int:
@@ -62,7 +64,7 @@ def run_of(model: Any, stages: int) -> Run | None:
         return None
     moe = any("MOEACT" in {getattr(o, "name", None) for o in model.fronts[k]} for k in decoder_kinds(model))
     return Run(tr.tp, tr.cp, tr.ep, tr.etp, tr.dp, stages, tr.seq, tr.micro_batch, model.micro_batches,
-               bool(tr.sequence_parallel), bool(tr.distributed_optimizer), moe)
+               bool(tr.sequence_parallel), bool(tr.distributed_optimizer), moe, getattr(costs, "window", None))
 
 
 def roles(model: Any) -> list[str]:

@@ -18,6 +18,7 @@ families get dense and MoE layer kinds in model order, with the options of
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import Any, Mapping
 
 from ..costs import MAX_SIZE, Architecture, Experts, LatentAttention, Training, build, fixed
@@ -254,8 +255,13 @@ def check_parallel(arch: Architecture, tr: Training, where: str, family: str = "
 def model_of(data: Any, where: str, capacity: float, micro_batches: int, reserved: float = 0.0,
              device: Any = None, **training: Any) -> PipelineModel:
     """A :class:`PipelineModel` of a parsed config on ``device`` (a preset name or Device; None for
-    the default), trained as ``training`` says (keywords of :class:`gpuknap.costs.Training`)."""
+    the default), trained as ``training`` says (keywords of :class:`gpuknap.costs.Training`, and
+    ``window``: the sliding window every layer attends with as a framework's settings run it, 0 for
+    the whole sequence, instead of the config's)."""
+    window = training.pop("window", None)
     arch = architecture(data, where)
+    if window is not None:
+        arch = replace(arch, window=window or None)
     try:
         tr = Training(**training)
     except (TypeError, ValueError) as exc:
@@ -265,7 +271,7 @@ def model_of(data: Any, where: str, capacity: float, micro_batches: int, reserve
         raise ValueError(f"{where}: {message}") from None
     check_parallel(arch, tr, where, data.get("model_type", ""))
     _, partial = sliding_window(data, check_fields(data, where), arch.layers, where)
-    if partial is not None and tr.seq > partial:
+    if partial is not None and tr.seq > partial and window is None:
         raise ValueError(f"{where}: sliding_window: only some layers attend through the {partial}-token window "
                          f"(max_window_layers, layer_types), which gpuknap does not model; at --seq {tr.seq} it "
                          f"changes their attention (at --seq {partial} or less it changes nothing)")

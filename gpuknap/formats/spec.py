@@ -121,6 +121,8 @@ def load_spec(path: str | os.PathLike, *, capacity: Any = None, micro_batches: i
     f.mapping(data, "(top level)")
     if hf.is_config(data):
         return hf.spec_of(data, path, capacity, micro_batches, stages, bucket, reserved, training)
+    if "window" in training:
+        raise ValueError(f"window: the attention window applies to a Hugging Face config, and {path} is not one")
     analytic = isinstance(data, Mapping) and "transformer" in data and "layers_description" not in data
     if training and not analytic:
         name = next((k for k in sorted(training) if k != "device"), None)

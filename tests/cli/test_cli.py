@@ -246,25 +246,3 @@ def test_rank_splits_builds_the_cost_model_for_the_splits_stages(capsys, tmp_pat
         bounds = np.cumsum([0] + counts)
         want = [sum(model.static[model.kinds[i]] for i in range(a, b)) for a, b in zip(bounds, bounds[1:])]
         assert (got == pytest.approx(want, rel=1e-12)) == same
-
-
-def test_a_sliding_window_costed_is_said_in_the_megatron_settings(capsys, tmp_path):
-    """Megatron attends to the whole sequence unless --window-size is set, which gpuknap does not
-    write: the settings and rank --from say the window was costed."""
-    from gpuknap.cli import main
-
-    config = tmp_path / "mistral.json"
-    config.write_text(json.dumps({"model_type": "mistral", "hidden_size": 4096, "intermediate_size": 14336,
-                                  "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 32,
-                                  "vocab_size": 32000, "sliding_window": 4096}))
-    flags = ["--seq", "32768", "--tp", "8", "--micro-batches", "16", "--capacity", "80GiB", "--dp", "1", "--quiet"]
-    assert main(["best", str(config), "--stages", "4", "--emit", "megatron", *flags]) == 0
-    text = capsys.readouterr().out
-    assert "4096-token sliding-window attention" in text and "--window-size" in text
-    (tmp_path / "run.sh").write_text(text)
-    main(["rank", str(config), "--from", str(tmp_path / "run.sh"), *flags])
-    assert "4096-token sliding window is costed" in capsys.readouterr().out
-    plain = tmp_path / "plain.json"
-    plain.write_text(json.dumps({**json.loads(config.read_text()), "sliding_window": None}))
-    assert main(["best", str(plain), "--stages", "4", "--emit", "megatron", *flags]) == 0
-    assert "sliding" not in capsys.readouterr().out
