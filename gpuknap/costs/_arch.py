@@ -73,7 +73,9 @@ class Architecture:
     ``tied`` the embedding and output layers share one matrix (Hugging Face's ``tie_word_embeddings``);
     ``mtp`` multi-token-prediction depths after the output layer (DeepSeek-V3's ``num_nextn_predict_layers``);
     ``window`` sliding-window attention on every layer: each query attends to at most this many keys
-    (None: the whole sequence).
+    (None: the whole sequence); ``qkv_bias`` biases on the query, key and value projections (with
+    ``latent``: on the down-projections), ``o_bias`` on the output projection, ``mlp_bias`` on the
+    MLP's matrices, ``qk_norm`` an RMSNorm over each query and key head (Qwen3).
     """
 
     layers: int
@@ -93,6 +95,10 @@ class Architecture:
     tied: bool = False
     mtp: int = 0
     window: int | None = None
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False
 
     def __post_init__(self):
         _check_sizes(self, "architecture", optional=("vocab", "ffn", "head_dim", "kv_heads", "mtp", "window"))

@@ -73,6 +73,12 @@ def attention(arch: Architecture, tr: Training, device: Device) -> dict:
         out["model_flops"] = 2 * s * b * h * d * (2 * arch.heads + 2 * arch.kv)
         qk, v = d, d
         kept = ACT * n * (a * d + 2 * kv * d + a * d)  # Q, K, V, output-projection input
+        if arch.qkv_bias:  # split over TP like the weights
+            out["params"] += a * d + 2 * kv * d
+        if arch.qk_norm:  # one RMSNorm weight per head dimension for Q and one for K; their inputs kept
+            out["params_whole"] += 2 * d
+            kept += ACT * n * (a + kv) * d
+            out["extra_stream"] = 4 * n * (a + kv) * d  # read and write Q and K once more (2 bytes each)
     else:
         m = arch.latent
         qk, v = m.nope + m.rope, m.v_dim
@@ -80,6 +86,8 @@ def attention(arch: Architecture, tr: Training, device: Device) -> dict:
         up = (m.q_lora or h) * a * qk + m.kv_lora * a * (m.nope + m.v_dim) + a * m.v_dim * h
         out["params"] = up
         out["params_whole"] += down + m.q_lora + m.kv_lora  # and the latents' norms
+        if arch.qkv_bias:  # DeepSeek's attention_bias: the down-projections' biases
+            out["params_whole"] += m.q_lora + m.kv_lora + m.rope
         out["matmul"] = 2 * n * (down + up)
         out["model_flops"] = 2 * s * b * (down + up * t)
         # latents (and their norms' inputs), Q, K (nope and rope), V, output-projection input
@@ -101,7 +109,10 @@ def attention(arch: Architecture, tr: Training, device: Device) -> dict:
     out["act"] = (ACT * held * h  # the norm's input
                   + (full / t if tr.sequence_parallel else full)  # the projections' input
                   + kept + out["core_act"] + (held * h if arch.dropout else 0.0))
-    out["stream"] = out["core_stream"] + held * h * (4 + (7 if arch.dropout else 6))  # norm, bias-dropout-add
+    if arch.o_bias:  # the output projection's bias: whole on every TP rank (row-parallel)
+        out["params_whole"] += h
+    out["stream"] = (out["core_stream"] + held * h * (4 + (7 if arch.dropout else 6))  # norm, bias-dropout-add
+                     + out.pop("extra_stream", 0.0))
     out["comm"] = _block_comm(full, tr, device)
     return out
 
@@ -131,7 +142,9 @@ def dense_mlp(arch: Architecture, tr: Training, device: Device, ffn: int) -> dic
            + ACT * n * f * (3 if arch.gated else 2)  # fc1 outputs (gate, up), activation output
            + (held * h if arch.dropout else 0.0))
     stream = held * h * (4 + (7 if arch.dropout else 6)) + ACT * n * f * (3 if arch.gated else 2)
-    return {"params": mats * h * f, "params_whole": _norm_params(arch), "matmul": 2 * n * mats * h * f,
+    bias = (mats - 1) * f if arch.mlp_bias else 0.0  # column-parallel biases split over TP; fc2's whole
+    return {"params": mats * h * f + bias, "params_whole": _norm_params(arch) + (h if arch.mlp_bias else 0.0),
+            "matmul": 2 * n * mats * h * f,
             "act": act, "stream": stream, "comm": _block_comm(full, tr, device),
             "model_flops": 2 * s * b * mats * h * ffn}
 

@@ -155,6 +155,7 @@ def architecture(data: Any, where: str) -> Architecture:
         elif hidden % heads:
             raise ValueError(f"{where}: hidden_size: {hidden} is not divisible by num_attention_heads={heads}")
     mtp = mtp_depths(data, where) if kind == "deepseek_v3" else 0
+    extras = biases(data, kind, where)
     window, _ = sliding_window(data, kind, layers, where)
     tied = data.get("tie_word_embeddings", False)  # every family's class defaults it to false
     if not isinstance(tied, bool):
@@ -162,9 +163,34 @@ def architecture(data: Any, where: str) -> Architecture:
     try:
         return Architecture(layers=layers, hidden=hidden, heads=heads, vocab=vocab, ffn=ffn, head_dim=head_dim,
                             kv_heads=kv_heads, gated=True, latent=latent, experts=experts, moe_layers=moe_layers,
-                            tied=tied, mtp=mtp, window=window)
+                            tied=tied, mtp=mtp, window=window, **extras)
     except ValueError as exc:
         raise ValueError(f"{where}: {exc}") from None
+
+
+def biases(data: Mapping, kind: str, where: str) -> dict:
+    """The projections' biases and Qwen3's per-head query/key norms, as transformers' modeling code
+    builds each family (``modeling_<family>.py``): ``attention_bias`` on Q, K, V and O (Llama,
+    Qwen3; DeepSeek-V3's down-projections and O), Qwen2's Q, K, V always, Qwen2-MoE's with
+    ``qkv_bias`` (default true), Llama's ``mlp_bias``; Mistral and Mixtral have none."""
+    def flag(key: str, default: bool) -> bool:
+        value = data.get(key, default)
+        if not isinstance(value, bool):
+            raise ValueError(f"{where}: {key}: expected true or false, got {value!r}"[:300])
+        return value
+
+    out: dict = {}
+    if kind in ("llama", "qwen3", "qwen3_moe", "deepseek_v3"):
+        out["qkv_bias"] = out["o_bias"] = flag("attention_bias", False)
+    elif kind == "qwen2":
+        out["qkv_bias"] = True
+    elif kind == "qwen2_moe":
+        out["qkv_bias"] = flag("qkv_bias", True)
+    if kind == "llama":
+        out["mlp_bias"] = flag("mlp_bias", False)
+    if kind in ("qwen3", "qwen3_moe"):
+        out["qk_norm"] = True
+    return out
 
 
 def mtp_depths(data: Mapping, where: str) -> int:
