@@ -17,7 +17,7 @@ from ..engine import FrontTable, get_backend, least_times, pp_lite
 from ..formats import Spec, load_spec
 from ..formats.splitfiles import read_splits, write_scores
 from ..search import one_body_kind
-from ..search import best_splits, coverage, even_counts
+from ..search import best_splits, coverage, even_candidate, even_counts
 from ._flags import EXIT_OK, counts_list
 from ._frameworks import best_emit, rank_settings, settings_of_best
 from ._gantt import communication_shares
@@ -187,13 +187,8 @@ def cmd_best(args: argparse.Namespace) -> int:
 def _even_split(spec: Spec, stages: int, chunks: int, in_flight: Any, found: Any, first: dict) -> dict | None:
     """Megatron's even interleaved split when it fits and simulates faster than the first found."""
     model = spec.model
-    if chunks == 1 or stages * chunks > model.layers:
-        return None
-    try:
-        counts = even_counts(model, stages * chunks)
-    except ValueError:  # fewer decoder layers than stages
-        return None
-    if counts == list(found[0][0]):
+    counts = even_candidate(model, stages, chunks, [found[0][0]])
+    if counts is None:
         return None
     choice = pp_lite(model.stages(counts, in_flight, chunks), model.fronts, spec.bucket)
     if choice is None:

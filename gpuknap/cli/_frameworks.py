@@ -148,13 +148,10 @@ def _even_plan(model: Any, name: str, stages: int, chunks: int, in_flight: Any, 
     fits and simulates faster than the plan ``counts``/``names``: ``(counts, names, score, that
     plan's simulated time, the even one's, its choice)``."""
     from ..schedule import simulated_plans  # noqa: PLC0415 - only for interleaved plans
-    from ..search import best_on_split, even_counts, interleaved_score  # noqa: PLC0415
+    from ..search import best_on_split, even_candidate, interleaved_score  # noqa: PLC0415
 
-    try:
-        even = even_counts(model, stages * chunks)
-    except ValueError:
-        return None
-    if even == list(counts):
+    even = even_candidate(model, stages, chunks, [counts])
+    if even is None:
         return None
     even_names = best_on_split(model, even, name, chunks, in_flight, bucket)
     if even_names is None:

@@ -202,6 +202,19 @@ def even_counts(model: Any, parts: int) -> list[int]:
     return counts
 
 
+def even_candidate(model: Any, stages: int, chunks: int, found: Any = ()) -> list[int] | None:
+    """Megatron's even split (:func:`even_counts`) of an interleaved configuration as a candidate
+    beside a search's results: None with one chunk, fewer decoder layers than virtual stages, or
+    when it is already among ``found`` (rows of counts)."""
+    if chunks == 1 or stages * chunks > model.layers:
+        return None
+    try:
+        counts = even_counts(model, stages * chunks)
+    except ValueError:  # fewer decoder layers than virtual stages
+        return None
+    return None if any(list(c) == counts for c in found) else counts
+
+
 def interleaved_score(times: np.ndarray, score: str, micro_batches: int, chunks: int) -> np.ndarray:
     """Scores of rows of stage times ``[B, P]`` (``inf`` rows stay ``inf``)."""
     slowest = times.max(axis=1)

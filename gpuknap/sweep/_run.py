@@ -29,12 +29,12 @@ from ..search import (
     TupleSource,
     best_interleaved,
     coverage,
+    even_candidate,
     fastest_prefix,
     front_table,
     interleaved_counts,
     interleaved_rounds,
     interleaved_score,
-    even_counts,
     kind_index,
     one_body_kind,
 )
@@ -154,14 +154,9 @@ def _even_row(config: dict, found: list, model: Any, plan: Planner, score: str, 
     """An interleaved configuration's even split (Megatron's default) as a candidate row: the
     closed form sees only stage totals and can pick a split whose unequal chunks simulate far
     slower than the even one (docs/sweep.md).  Empty when it does not fit or was found anyway."""
-    p, v = config["stages"], config["interleave"]
-    if v == 1 or not found or p * v > model.layers:
-        return []
-    try:
-        counts = even_counts(model, p * v)
-    except ValueError:  # fewer decoder layers than virtual stages
-        return []
-    if any(tuple(c) == tuple(counts) for c, _ in found):
+    v = config["interleave"]
+    counts = even_candidate(model, config["stages"], v, [c for c, _ in found]) if found else None
+    if counts is None:
         return []
     stages = model.stages(counts, None, v)
     choices = [plan.stage(st) for st in stages]

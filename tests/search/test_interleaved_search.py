@@ -351,3 +351,30 @@ def test_a_body_lighter_at_larger_in_flight_counts_keeps_its_splits():
     got = best_splits(model, 2, 3, "slowest", 1, backend="numpy", interleave=2)
     assert got.exact and got[0][1] == optimum
     assert [c for c, _, _ in got] == [c for _, _, c in ranked[:3]]
+
+
+def test_even_candidate_is_megatron_even_split_unless_found_or_impossible():
+    """Megatron's even split, counted independently here: decoder layers spread with the remainder
+    on the last virtual stages, the embedding first and the output last."""
+    from gpuknap.search import even_candidate
+
+    opt = LayerOption(1.0, 1.0, 0.0, "NONE")
+    for body in (5, 7, 12):
+        kinds = ["embedding"] + ["dense"] * body + ["output"]
+        model = PipelineModel(kinds, {"embedding": [opt], "dense": [opt], "output": [opt]},
+                              {"embedding": 0.0, "dense": 0.0, "output": 0.0}, 100.0, 4)
+        for stages in (1, 2, 3):
+            for chunks in (1, 2, 3):
+                got = even_candidate(model, stages, chunks)
+                parts = stages * chunks
+                if chunks == 1 or parts > body:
+                    assert got is None
+                    continue
+                want = [body // parts] * parts
+                for i in range(body % parts):
+                    want[parts - 1 - i] += 1
+                want[0] += 1
+                want[-1] += 1
+                assert got == want and sum(got) == len(kinds)
+                assert even_candidate(model, stages, chunks, [tuple(np.array(want))]) is None
+                assert even_candidate(model, stages, chunks, [[1] * parts]) == want
