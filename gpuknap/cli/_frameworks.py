@@ -174,9 +174,8 @@ def _window_notes(config: int | None, read: int | None) -> list[str]:
             f"which Megatron attends to the whole sequence (the window is --window-size {config - 1},0)"]
     if read == (config or 0):
         return []
-    theirs = "the whole sequence (no --window-size)" if not read else \
-        f"a {read}-token window (--window-size {read - 1},0)"
-    ours = f"{config}-token sliding window" if config else "attention (no sliding window)"
+    theirs = "the whole sequence" if not read else f"a {read}-token window (--window-size {read - 1},0)"
+    ours = f"{config}-token sliding window" if config else "attention"
     return [f"costed as the settings run attention: {theirs}, not the config's {ours}"]
 
 
@@ -188,6 +187,9 @@ def rank_settings(args: argparse.Namespace, make_spec: Callable[..., Any], emit:
     args.stages = settings.stages
     run = getattr(settings, "run", {}) or {}
     if not formats.analytic(args.spec):  # measured options: only the micro-batches can come from the file
+        if run.get("window"):
+            raise _bad(f"--window-size: a sliding window is costed only on a Hugging Face config; {args.spec} gives "
+                       "its layers' options as measured", source)
         if args.micro_batches is None and isinstance(run.get("micro_batches"), int):
             args.micro_batches = run["micro_batches"]
         spec = make_spec(args)
@@ -196,6 +198,13 @@ def rank_settings(args: argparse.Namespace, make_spec: Callable[..., Any], emit:
         if run.get("distributed_optimizer") is False and spec.model.costs.training.shards() > 1:
             raise _bad("the settings run without the distributed optimizer, and gpuknap's cost model shards the "
                        "optimizer over data-parallel ranks", source)
+        comm = run.get("cp_comm")
+        if run.get("window") and spec.model.costs.training.cp > 1 and not (
+                comm and all(t in formats.megatron.WINDOW_CP_COMM for t in comm)):
+            used = f"--cp-comm-type {' '.join(comm)}" if comm else "Megatron's default p2p exchange"
+            raise _bad(f"Transformer Engine runs a sliding window with context parallelism only over a2a or "
+                       f"all_gather exchanges, and these settings use {used}: write --cp-comm-type all_gather "
+                       "(gpuknap costs every exchange as the p2p ring's bytes)", source)
     model = with_grouped(spec.model)
     try:
         counts, names = settings.split(spec.model)

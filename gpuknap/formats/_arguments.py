@@ -29,6 +29,7 @@ READ = {
     "--expert-tensor-parallel-size": 1, "--sequence-parallel": 0, "--micro-batch-size": 1,
     "--global-batch-size": 1, "--seq-length": 1, "--use-distributed-optimizer": 0, "--moe-grouped-gemm": 0,
     "--mtp-num-layers": 1, "--no-overlap-p2p-communication": 0, "--encoder-seq-length": 1, "--window-size": 1,
+    "--cp-comm-type": "*",
     # read to be refused: they conflict with a layout, or change what gpuknap models
     "--decoder-first-pipeline-num-layers": 1, "--decoder-last-pipeline-num-layers": 1,
     "--account-for-embedding-in-pipeline-split": 0, "--account-for-loss-in-pipeline-split": 0,
@@ -53,7 +54,7 @@ NOT_FLAGS = {
     "--use-layer-wise-distributed-optimizer": "Megatron sets it from the optimizer it runs",
     "--sequence-length": "the flag is --seq-length",
 }
-_NAME = re.compile(r"[a-z_][a-z0-9_]*")
+_NAME = re.compile(r"[a-z_][a-z0-9_+]*")  # module names, exchange types (a2a+p2p)
 
 
 def arguments(text: str, path: str) -> dict[str, tuple[list[str], int]]:

@@ -14,7 +14,9 @@ docs/training_settings.md):
   ``(L, R)`` query ``i`` attends to keys ``i - L`` to ``i + R``; a causal model with ``R = 0``
   attends to ``L + 1`` keys (a Hugging Face ``sliding_window`` of ``W`` keys is ``W - 1,0``);
   ``-1`` is an unbounded side (``transformer_config.py``); ``--window-attn-skip-freq`` makes some
-  layers attend to the whole sequence.
+  layers attend to the whole sequence.  Transformer Engine (``check_set_window_size``) runs a
+  causal model's ``(L, R)`` as ``(L, 0)``, and refuses a window with context parallelism over
+  ``p2p``, Megatron's default ``--cp-comm-type`` (only ``a2a`` and ``all_gather`` take one).
 - ``megatron/core/transformer/transformer_config.py``: full recompute needs a method (block or
   uniform) and a number of layers, selective recompute no number; the selective modules Megatron
   knows, and ``moe_act`` only with ``--moe-grouped-gemm``; the first/last-stage layer counts and
@@ -45,6 +47,14 @@ RUN = {"--tensor-model-parallel-size": ("tp", int), "--context-parallel-size": (
        "--use-distributed-optimizer": ("distributed_optimizer", bool), "--moe-grouped-gemm": ("grouped_gemm", bool)}
 
 
+#: Context-parallel exchanges Transformer Engine runs (``attn_forward_func_with_cp``); only the
+#: ``a2a`` and ``all_gather`` ones take a sliding window.
+CP_COMM_TYPES = ("p2p", "a2a", "all_gather", "a2a+p2p")
+WINDOW_CP_COMM = ("a2a", "all_gather")
+#: A window at least this long covers any sequence gpuknap accepts (``--seq`` at most 10,000,000).
+MAX_WINDOW = 10**7
+
+
 def _int(args: dict, flag: str, path: str, low: int = 1) -> int | None:
     if flag not in args:
         return None
@@ -69,27 +79,32 @@ def _refuse(args: dict, flag: str, path: str, why: str) -> None:
 
 
 def _window(args: dict, path: str) -> int | None:
-    """Keys a query attends to under ``--window-size`` (0: the whole sequence; None: not given)."""
+    """Keys a query attends to under ``--window-size`` (0: the whole sequence; None: not given),
+    read as Megatron's ``tuple_type`` parses it and Transformer Engine runs it on a causal model
+    (``check_set_window_size``: ``(L, R)`` with ``L >= 0`` runs as ``(L, 0)``, ``(-1, -1)`` as
+    ``(-1, 0)``)."""
     if "--window-size" not in args:
         return None
     values, line = args["--window-size"]
-    m = re.fullmatch(r"\(?\s*(-?\d{1,9})\s*,\s*(-?\d{1,9})\s*\)?", values[0])
-    if m is None:
-        raise ValueError(f"{path}: line {line}: --window-size: expected two integers LEFT,RIGHT (keys before and "
-                         f"after a query), got {values[0]!r}")
-    left, right = int(m[1]), int(m[2])
-    if left < -1 or right != 0:
-        raise ValueError(f"{path}: line {line}: --window-size: gpuknap reads a causal window LEFT,0 (LEFT >= 0, or "
-                         f"-1 for the whole sequence), got {values[0]!r}")
-    return 0 if left == -1 else left + 1
+    where = f"{path}: line {line}: --window-size"
+    try:
+        left, right = (int(part) for part in values[0].strip("()").split(","))
+    except ValueError:
+        raise ValueError(f"{where}: expected two integers LEFT,RIGHT (keys before and after a query), "
+                         f"got {values[0]!r}"[:300]) from None
+    if left < -1 or right < -1 or (left == -1 and right > 0):
+        raise ValueError(f"{where}: a causal model's window is LEFT,0 with LEFT >= 0 (LEFT + 1 keys), or -1,0 "
+                         f"for the whole sequence; got {values[0]!r}"[:300])
+    return 0 if left == -1 or left >= MAX_WINDOW else left + 1
 
 
 def check_arguments(args: dict, path: str) -> dict:
     """The values of the flags read, checked as Megatron checks them."""
     _refuse(args, "--hybrid-layer-pattern", path, "a hybrid (Mamba) model's pattern; gpuknap reads GPT layouts")
     _refuse(args, "--model-parallel-size", path, "no longer valid in Megatron; use --tensor-model-parallel-size")
-    _refuse(args, "--window-attn-skip-freq", path, "some layers then attend to the whole sequence and others "
-                                                   "through the window, which gpuknap does not model")
+    if "--window-size" in args:  # without a window the frequency changes nothing
+        _refuse(args, "--window-attn-skip-freq", path, "some layers then attend to the whole sequence and others "
+                                                       "through the window, which gpuknap does not model")
     if "--pipeline-model-parallel-layout" not in args:
         raise ValueError(f"{path}: --pipeline-model-parallel-layout: missing; gpuknap reads a Megatron split from "
                          "its layout (the even split and --decoder-first/last-pipeline-num-layers are not read)")
@@ -140,6 +155,13 @@ def check_arguments(args: dict, path: str) -> dict:
             run[key] = True if kind is bool else _int(args, flag, path)
         elif whole and key in ("sequence_parallel", "distributed_optimizer"):
             run[key] = False  # a switch a whole run leaves out is off: Megatron's default
+    if "--cp-comm-type" in args:  # read to check a window against it (every type is costed as the p2p ring)
+        types, line = args["--cp-comm-type"]
+        wrong = [t for t in types if t not in CP_COMM_TYPES] or ([] if types else ["(none)"])
+        if wrong:
+            raise ValueError(f"{path}: line {line}: --cp-comm-type: {wrong[0]!r} is not one of Transformer Engine's "
+                             f"{', '.join(CP_COMM_TYPES)}")
+        run["cp_comm"] = tuple(types)
     window = _window(args, path)
     if window is not None or whole:  # a whole run without --window-size attends to the whole sequence
         run["window"] = window or 0
@@ -195,6 +217,8 @@ def run_flags(run: Any) -> list[str]:
         out.append("--use-distributed-optimizer")
     if run.window:  # a causal window of W keys: the query and W - 1 before it
         out.append(f"--window-size {run.window - 1},0")
+        if run.cp > 1:  # Transformer Engine refuses a window over p2p, Megatron's default exchange
+            out.append("--cp-comm-type all_gather")
     return out  # interleaving on 2 stages needs the p2p overlap: on unless --no-overlap-p2p-communication
 
 

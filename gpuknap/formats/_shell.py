@@ -38,9 +38,22 @@ _KEYWORDS = _DECLARERS + ("if", "then", "else", "elif", "fi", "case", "esac", "s
                           "test", "for", "do", "done", "while", ")", "(", "{", "}")
 
 
-def commands(text: str, path: str) -> list[tuple[list[str], int]]:
-    """The commands of a text, each its shell words and its first line."""
-    out: list[tuple[list[str], int]] = []
+def _closes_paren(text: str, split: list[str]) -> bool:
+    """Whether ``text`` ends with an unquoted ``)`` (an array's end; a quoted ``'(1, 0)'`` is a word)."""
+    lexer = shlex.shlex(text, posix=True, punctuation_chars="()")
+    lexer.whitespace_split = True
+    lexer.commenters = "#"
+    try:
+        tokens = list(lexer)
+    except ValueError:
+        return bool(split) and split[-1].endswith(")")
+    return bool(tokens) and tokens[-1].endswith(")") and not tokens[-1].strip("()")
+
+
+def commands(text: str, path: str) -> list[tuple[list[str], int, bool]]:
+    """The commands of a text, each its shell words, its first line and whether it ends with an
+    unquoted ``)``."""
+    out: list[tuple[list[str], int, bool]] = []
     lines = re.split(r"\r?\n", text)
     joined, first = "", None
     for number, line in enumerate(lines, 1):
@@ -63,7 +76,7 @@ def commands(text: str, path: str) -> list[tuple[list[str], int]]:
                 continue
             raise ValueError(f"{path}: line {first}: cannot split the line into words ({exc})") from None
         _no_bare_pipes(joined, split, path, first)
-        out.append((split, first))
+        out.append((split, first, _closes_paren(joined, split)))
         joined, first = "", None
     return out
 
@@ -101,10 +114,9 @@ def words(text: str, path: str) -> list[tuple[str, int]]:
         stored[name] = held
         passed.discard(name)
 
-    for split, line in commands(text, path):
+    for split, line, closing in commands(text, path):
         if array is not None:  # the lines of an array defined over several
             name, held = array
-            closing = bool(split) and split[-1].endswith(")")
             held += [w[:-1] if closing and i == len(split) - 1 else w for i, w in enumerate(split)]
             if closing:
                 store(name, [w for w in held if w], line)
@@ -121,7 +133,7 @@ def words(text: str, path: str) -> list[tuple[str, int]]:
         defined = _ARRAY.fullmatch(rest[0]) if rest else None
         if defined is not None:
             held = [defined.group(2)] + rest[1:]
-            if held[-1].endswith(")"):
+            if closing:
                 held[-1] = held[-1][:-1]
                 store(defined.group(1), [w for w in held if w], line)
             else:

@@ -27,7 +27,7 @@ from typing import Any
 from ..search import GROUPED, Pattern, apply, decoder_kinds, framework_rule, with_grouped
 from ._arguments import arguments
 from ._settings import settings_text
-from ._megatron_checks import check_arguments, check_layout, conflicts, run_flags
+from ._megatron_checks import WINDOW_CP_COMM, check_arguments, check_layout, conflicts, run_flags  # noqa: F401 - used by rank --from
 from .framework import DECODER, EMBEDDING, LOSS, MTP, FrameworkPlan, evaluate, mismatches, roles
 
 #: Longest layout written out (symbols and separators).
@@ -217,6 +217,10 @@ def dump(plan: FrameworkPlan) -> str:
                      f"takes the data-parallel size from the world size: launch {run.gpus} processes)")
     else:
         lines.append("# the profile was measured: keep the parallel sizes, batch and sequence it was measured with")
+    if run is not None and run.window and run.cp > 1:
+        lines.append("# a sliding window with context parallelism: Transformer Engine takes it only over all_gather "
+                     "or a2a exchanges (all_gather written); gpuknap costs the exchange as the p2p ring's bytes, "
+                     "overlapped with the attention")
     if ev is not None:
         lines += _closest_comments(plan, ev)
     lines += ["GPUKNAP_ARGS=("] + [f"    {flag}" for flag in flags(plan, chosen)] + [")"]

@@ -48,8 +48,12 @@ def test_the_window_is_written_and_read_back_as_costed(capsys, tmp_path):
     assert _stage_times(_rank(capsys, config, script)) == _stage_times(got)
 
 
-@pytest.mark.parametrize("flag, keys", [(None, None), ("--window-size -1,0", None), ("--window-size 2047,0", 2048),
-                                        ("--window-size 8191,0", 8192)])
+@pytest.mark.parametrize("flag, keys", [
+    (None, None), ("--window-size=-1,0", None), ("--window-size=-1,-1", None), ("--window-size 2047,0", 2048),
+    ("--window-size 8191,0", 8192), ("--window-size 2047,2047", 2048),  # Transformer Engine runs (L, R) as (L, 0)
+    ("--window-size +2_047,0", 2048), ("--window-size '((2047, 0))'", 2048),  # Megatron's tuple_type: int() of each
+    ("--window-size 999999999,0", None),  # longer than any sequence: the whole one
+])
 def test_rank_from_costs_the_window_the_settings_run(capsys, tmp_path, flag, keys):
     config = _config(tmp_path, "mistral")
     text = _emit(capsys, config)
@@ -86,8 +90,10 @@ def test_a_config_without_a_window_writes_none(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("flag, says", [
-    ("--window-size 4095", "two integers"), ("--window-size 4095,1", "LEFT,0"), ("--window-size -2,0", "LEFT,0"),
-    ("--window-size a,b", "two integers"), ("--window-attn-skip-freq 4", "does not model"),
+    ("--window-size 4095", "two integers"), ("--window-size=-1,5", "LEFT,0"), ("--window-size=-2,0", "LEFT,0"),
+    ("--window-size a,b", "two integers"), ("--window-size 1,2,3", "two integers"),
+    ("--window-size 4095,0 --window-attn-skip-freq 4", "does not model"),
+    ("--window-size 4095,0 --cp-comm-type allgather", "not one of Transformer Engine's"),
 ])
 def test_windows_gpuknap_cannot_cost_are_refused(capsys, tmp_path, flag, says):
     config = _config(tmp_path, "mistral")
@@ -114,3 +120,59 @@ def test_a_window_on_a_spec_without_a_config_is_refused(capsys, tmp_path):
     assert main(["rank", spec, "--from", str(script), "--quiet"]) in (0, 1)
     with pytest.raises(ValueError, match="window"):
         load_spec(spec, window=1024)
+
+
+def test_a_quoted_tuple_inside_an_array_does_not_end_it(capsys, tmp_path):
+    """Only an unquoted ``)`` ends a bash array: a quoted ``'(2047, 0)'`` on an inner line is a word."""
+    config = _config(tmp_path, "mistral")
+    text = _emit(capsys, config)
+    script = tmp_path / "run.sh"
+    lines = text.splitlines()
+    at = lines.index("GPUKNAP_ARGS=(") + 1
+    moved = [x for x in lines if "--window-size" not in x]
+    moved.insert(at, "    --window-size '(2047, 0)'")
+    script.write_text("\n".join(moved) + "\n")
+    got = _rank(capsys, config, script)
+    script.write_text(text.replace("--window-size 4095,0", "--window-size 2047,0"))
+    assert _stage_times(got) == _stage_times(_rank(capsys, config, script))
+    assert [n for n in got["notes"] if "a 2048-token window (--window-size 2047,0)" in n]
+
+
+def test_skip_freq_without_a_window_changes_nothing(capsys, tmp_path):
+    config = _config(tmp_path, "mistral")
+    text = _emit(capsys, config)
+    script = tmp_path / "run.sh"
+    script.write_text(text)
+    want = _rank(capsys, config, script)
+    script.write_text(text.replace("--window-size 4095,0", "--window-attn-skip-freq 4"))
+    got = _rank(capsys, config, script)
+    assert max(_stage_times(got)) > max(_stage_times(want))  # the whole sequence, as Megatron runs it
+
+
+CP = ["--seq", "32768", "--tp", "4", "--cp", "2", "--dp", "2", "--micro-batches", "16", "--capacity", "40GiB",
+      "--quiet"]
+
+
+def test_context_parallelism_with_a_window_needs_an_exchange_transformer_engine_takes(capsys, tmp_path):
+    """Transformer Engine refuses a sliding window over p2p, Megatron's default --cp-comm-type."""
+    config = _config(tmp_path, "mistral")
+    assert main(["best", config, "--stages", "4", "--emit", "megatron", *CP]) == 0
+    text = capsys.readouterr().out
+    assert "    --cp-comm-type all_gather\n" in text and "Transformer Engine" in text
+    script = tmp_path / "run.sh"
+    for comm, ok in (("all_gather", True), ("a2a", True), ("p2p", False), (None, False), ("a2a a2a+p2p", False)):
+        script.write_text(text.replace("--cp-comm-type all_gather", f"--cp-comm-type {comm}" if comm else ""))
+        assert main(["rank", config, "--from", str(script), *CP]) == (0 if ok else 2)
+        err = capsys.readouterr().err
+        assert ok or "only over a2a or all_gather" in err
+    plain = _config(tmp_path, "plain", sliding_window=None)
+    assert main(["best", plain, "--stages", "4", "--emit", "megatron", *CP]) == 0
+    assert "--cp-comm-type" not in capsys.readouterr().out
+
+
+def test_a_window_on_a_measured_profile_is_refused(capsys, tmp_path):
+    script = tmp_path / "run.sh"
+    script.write_text("--num-layers 6 --pipeline-model-parallel-size 2 --pipeline-model-parallel-layout 'Et*3|t*3L' "
+                      "--window-size 1023,0\n")
+    assert main(["rank", "gpuknap/examples/demo.json", "--from", str(script), "--capacity", "200GiB", "--quiet"]) == 2
+    assert "costed only on a Hugging Face config" in capsys.readouterr().err
