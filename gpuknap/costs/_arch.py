@@ -46,12 +46,14 @@ class LatentAttention:
 @dataclass(frozen=True)
 class Experts:
     """A mixture-of-experts MLP: ``experts`` routed experts of width ``ffn`` of which each token uses
-    ``top_k``, plus always-on shared experts of total width ``shared_ffn`` (0: none)."""
+    ``top_k``, plus always-on shared experts of total width ``shared_ffn`` (0: none);
+    ``shared_gate`` a learned sigmoid gate (``h`` weights) on the shared experts' output (Qwen2-MoE)."""
 
     experts: int
     top_k: int
     ffn: int
     shared_ffn: int = 0
+    shared_gate: bool = False
 
     def __post_init__(self):
         _check_sizes(self, "experts", optional=("shared_ffn",))

@@ -161,7 +161,7 @@ def moe_mlp(arch: Architecture, tr: Training, device: Device) -> dict:
         "params": 0.0, "params_whole": _norm_params(arch), "matmul": 0.0, "model_flops": 0.0,
         "act": ACT * held * h + (held * h if arch.dropout else 0.0),
         "stream": held * h * (4 + (7 if arch.dropout else 6)), "comm": (0.0, 0.0)}
-    out["params_whole"] += h * e.experts  # the router
+    out["params_whole"] += h * e.experts + (h if e.shared_gate else 0)  # the router (and the shared experts' gate)
     out["expert_params"] = e.experts * 3 * h * e.ffn / (tr.ep * u)
     out["matmul"] += 2 * held * h * e.experts + routed * 6 * h * e.ffn
     out["model_flops"] += 2 * s * b * h * e.experts + s * b * e.top_k * 6 * h * e.ffn

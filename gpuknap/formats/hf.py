@@ -126,7 +126,8 @@ def architecture(data: Any, where: str) -> Architecture:
         count = _count(data, experts_key, where)
         if top_k > count:
             raise ValueError(f"{where}: num_experts_per_tok: {top_k} is more than the {count} experts ({experts_key})")
-        experts = Experts(experts=count, top_k=top_k, ffn=_count(data, ffn_key, where), shared_ffn=shared_ffn)
+        experts = Experts(experts=count, top_k=top_k, ffn=_count(data, ffn_key, where), shared_ffn=shared_ffn,
+                          shared_gate=kind == "qwen2_moe")  # built whatever the shared experts' width
         moe_layers = tuple(_moe_layout(data, kind, layers, where))
         if not all(moe_layers):
             ffn = _count(data, "intermediate_size", where)
@@ -209,6 +210,12 @@ WINDOWED = {"mistral": (4096, False), "mixtral": (None, False), "qwen2": (4096, 
             "qwen2_moe": (4096, True), "qwen3_moe": (4096, True)}
 
 
+#: Families whose sliding layers transformers 4.51 and 5.x choose differently: 4.51 from
+#: ``max_window_layers`` on; 5.x Qwen3-MoE every layer, Qwen2-MoE the even-numbered layers below
+#: ``max_window_layers`` (or ``layer_types``).  Read as partial windows (refused where they matter).
+UNSETTLED_WINDOWS = ("qwen2_moe", "qwen3_moe")
+
+
 def sliding_window(data: Mapping, kind: str, layers: int, where: str) -> tuple[int | None, int | None]:
     """``(window, partial)``: the sliding window every decoder layer attends with (None: the whole
     sequence), or, when only some layers slide, ``(None, window)`` (transformers' configuration
@@ -229,6 +236,8 @@ def sliding_window(data: Mapping, kind: str, layers: int, where: str) -> tuple[i
     window = _count({"sliding_window": window}, "sliding_window", where)
     if not switched:
         return window, None
+    if kind in UNSETTLED_WINDOWS:  # which layers slide differs between transformers versions: not guessed
+        return None, window
     types = data.get("layer_types")
     if types is not None:
         if not isinstance(types, list) or len(types) != layers or any(
@@ -296,7 +305,14 @@ def model_of(data: Any, where: str, capacity: float, micro_batches: int, reserve
             message = message.replace(f"{name}=", f"{name} ({flag}) ").replace(f"{name} must", f"{name} ({flag}) must")
         raise ValueError(f"{where}: {message}") from None
     check_parallel(arch, tr, where, data.get("model_type", ""))
-    _, partial = sliding_window(data, check_fields(data, where), arch.layers, where)
+    kind = check_fields(data, where)
+    _, partial = sliding_window(data, kind, arch.layers, where)
+    if partial is not None and tr.seq > partial and window is None and kind in UNSETTLED_WINDOWS:
+        raise ValueError(f"{where}: use_sliding_window: which layers of a {kind} model slide differs between "
+                         "transformers versions (4.51: from max_window_layers on; 5.x: "
+                         + ("every layer" if kind == "qwen3_moe" else "alternate layers below max_window_layers")
+                         + f"), so gpuknap does not guess; at --seq {tr.seq} it matters (at --seq {partial} or less "
+                         "the window changes nothing)")
     if partial is not None and tr.seq > partial and window is None:
         raise ValueError(f"{where}: sliding_window: only some layers attend through the {partial}-token window "
                          f"(max_window_layers, layer_types), which gpuknap does not model; at --seq {tr.seq} it "

@@ -92,3 +92,22 @@ def test_bias_switches_must_be_booleans():
     with pytest.raises(ValueError, match="qkv_bias: expected true or false"):
         hf.architecture({**QWEN2_MOE, "qkv_bias": 1}, "x")
     assert Architecture(layers=1, hidden=64, heads=4, ffn=128).qkv_bias is False
+
+
+def test_qwen2_moe_counts_its_shared_experts_gate():
+    """Qwen2-MoE builds ``shared_expert_gate`` (h -> 1, no bias) in every MoE layer, even with no
+    shared experts; Qwen3-MoE has none.  Qwen1.5-MoE-A2.7B's total is 14.3B (its model card)."""
+    h, layers = 2048, 24
+    arch = hf.architecture(QWEN2_MOE, "x")
+    assert arch.experts.shared_gate and not hf.architecture(
+        {k: v for k, v in QWEN2_MOE.items() if k != "shared_expert_intermediate_size"} | {"model_type": "qwen3_moe"},
+        "x").experts.shared_gate
+    plain = replace(arch, experts=replace(arch.experts, shared_gate=False))
+    tr = Training(seq=4096)
+    diff = layer_cost(arch, tr, device("h100"), True).params - layer_cost(plain, tr, device("h100"), True).params
+    assert diff == h
+    # by hand: attention with Q/K/V biases, router, 60 experts and the shared expert (gated MLPs), the gate, norms
+    a, d, e, fe, fs, v = 16, 128, 60, 1408, 5632, 151936
+    layer = 4 * h * a * d + 3 * a * d + h * e + e * 3 * h * fe + 3 * h * fs + h + 2 * h
+    assert total_params(QWEN2_MOE) == layers * layer + 2 * v * h + h
+    assert total_params(QWEN2_MOE) == pytest.approx(14.3e9, rel=0.01)

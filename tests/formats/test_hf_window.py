@@ -61,3 +61,18 @@ def test_windows_on_some_layers_are_refused_where_they_matter(some):
 def test_bad_window_fields_are_refused_by_name(bad, field):
     with pytest.raises(ValueError, match=field):
         layer_flops({**QWEN2, "use_sliding_window": True, **bad}, 4096)
+
+
+@pytest.mark.parametrize("kind", ["qwen2_moe", "qwen3_moe"])
+def test_qwen_moe_windows_are_refused_where_transformers_versions_disagree(kind):
+    """transformers 4.51 slides these families' layers from max_window_layers on, 5.x every layer
+    (Qwen3-MoE) or alternate layers below it (Qwen2-MoE): refused where the window matters."""
+    data = {"model_type": kind, "hidden_size": 1024, "intermediate_size": 2048, "moe_intermediate_size": 512,
+            "num_experts": 8, "num_experts_per_tok": 2, "num_attention_heads": 16, "num_key_value_heads": 4,
+            "num_hidden_layers": 8, "vocab_size": 1000, "use_sliding_window": True, "sliding_window": 4096}
+    short = hf.model_of(data, "x", 2**50, 1, seq=4096)
+    assert short.costs.window is None
+    assert short.costs.flops == hf.model_of({**data, "use_sliding_window": False}, "x", 2**50, 1, seq=4096).costs.flops
+    with pytest.raises(ValueError, match="differs between transformers versions"):
+        hf.model_of(data, "x", 2**50, 1, seq=8192)
+    assert hf.model_of({**data, "use_sliding_window": False}, "x", 2**50, 1, seq=8192).costs.window is None
