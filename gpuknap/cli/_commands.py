@@ -155,7 +155,8 @@ def cmd_best(args: argparse.Namespace) -> int:
     text = "\n\n".join(format_split(r, f"#{i + 1} of {spec.name}, {shape}") for i, r in enumerate(records))
     if not exact:
         why = ("the layers are not one kind between the first and the last" if not one_body_kind(spec.model)
-               else f"the {args.score} score of interleaved splits is searched locally")
+               else f"the exact {args.score} search of interleaved splits ran out of its work budget, and a "
+                    "local search went on from its best")
         text += (f"\n\nlocal search over interleaved splits ({why}): not proven optimal; the optimum is at least "
                  f"{found.lower_bound:.6g}")
     even = _even_split(spec, stages, chunks, in_flight, found, records[0]) if args.score != "simulated" else None
@@ -211,9 +212,7 @@ def cmd_rank(args: argparse.Namespace) -> int:
     sf = read_splits(args.splits)
     splits = sf.counts
     width = splits.shape[1]
-    if spec.stages is None and spec.model.costs is not None and width % spec.chunks == 0:
-        args.stages = width // spec.chunks  # a cost model depends on the stages (tied embeddings, MTP, sends)
-        spec = _spec(args, args.spec, note_dp=False)
+    spec = _restaged(args, spec, width, spec.chunks)
     if spec.stages is not None and width != spec.stages * spec.chunks:
         need = f"{spec.stages} stages" + (f" x {spec.chunks} chunks" if spec.chunks > 1 else "")
         raise BadInput(f"{sf.where(0)} has {width} counts; the spec's pipeline needs {spec.stages * spec.chunks} "
@@ -318,6 +317,7 @@ def cmd_timeline(args: argparse.Namespace) -> int:
     if args.counts is not None:
         counts = counts_list(args.counts)
         _stages_match(args, counts, chunks)
+        spec = _restaged(args, spec, len(counts), chunks)
     elif args.recompute:  # a run as it was run: Megatron's even split
         try:
             counts = even_counts(spec.model, _stages(args, spec) * chunks)
@@ -361,6 +361,15 @@ def cmd_timeline(args: argparse.Namespace) -> int:
 def plural(n: int, word: str) -> str:
     """``1 stage``, ``2 stages``."""
     return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def _restaged(args: argparse.Namespace, spec: Spec, width: int, chunks: int) -> Spec:
+    """The spec rebuilt for the stage count ``width`` counts give, when it did not say one and a
+    cost model depends on it (a tied embedding's second copy, the MTP embedding, the sends)."""
+    if spec.stages is not None or spec.model.costs is None or width % chunks:
+        return spec
+    args.stages = width // chunks
+    return _spec(args, args.spec, note_dp=False)
 
 
 def _stages_match(args: argparse.Namespace, counts: list, chunks: int) -> None:

@@ -5,7 +5,7 @@ after one layer step (each cell costs one addition per useful option and a
 minimum).  The engine counts the cells of a whole batch after packing it and
 before any pass runs, and refuses a batch over the limit with the count and
 what to change; the single-stage solvers do the same.  The limit is
-:data:`DEFAULT_MAX_CELLS` (a few minutes of NumPy on a 2-core machine) and
+:data:`DEFAULT_MAX_CELLS` (about a minute of NumPy on a 2-core machine, at most) and
 can be raised (or lowered) for a block of code with :func:`work_limit`, or
 with ``--max-work`` on the command line.
 

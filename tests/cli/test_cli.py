@@ -246,3 +246,21 @@ def test_rank_splits_builds_the_cost_model_for_the_splits_stages(capsys, tmp_pat
         bounds = np.cumsum([0] + counts)
         want = [sum(model.static[model.kinds[i]] for i in range(a, b)) for a, b in zip(bounds, bounds[1:])]
         assert (got == pytest.approx(want, rel=1e-12)) == same
+
+
+def test_timeline_counts_build_the_cost_model_for_their_stages(capsys, tmp_path):
+    """timeline --counts without --stages: the cost model is built for the counts' stage count (a
+    tied embedding's second copy, the pipeline sends), as with --stages given."""
+    from gpuknap.cli import main
+
+    data = json.load(open(os.path.join(EXAMPLES, "qwen2_7b_config.json")))
+    config = tmp_path / "tied.json"
+    config.write_text(json.dumps({**data, "tie_word_embeddings": True}))
+    flags = ["--capacity", "80GiB", "--micro-batches", "8", "--seq", "4096", "--dp", "1", "--quiet", "--json"]
+    outs = []
+    for extra in ([], ["--stages", "4"]):
+        assert main(["timeline", str(config), "--counts", "8,7,7,8", *extra, *flags]) == 0
+        outs.append(json.loads(capsys.readouterr().out))
+    assert outs[0]["iteration_time_s"] == outs[1]["iteration_time_s"]
+    assert outs[0]["stage_breakdown"] == outs[1]["stage_breakdown"]
+    assert all(st["p2p"] > 0 for st in outs[0]["stage_breakdown"])
