@@ -38,14 +38,22 @@ _KEYWORDS = _DECLARERS + ("if", "then", "else", "elif", "fi", "case", "esac", "s
                           "test", "for", "do", "done", "while", ")", "(", "{", "}")
 
 
-def _closes_paren(text: str, split: list[str]) -> bool:
-    """Whether ``text`` ends with an unquoted ``)`` (an array's end; a quoted ``'(1, 0)'`` is a word)."""
-    lexer = shlex.shlex(text, posix=True, punctuation_chars="()")
+def _punctuated(text: str, chars: str) -> list[str] | None:
+    """The shell words of ``text`` with unquoted runs of ``chars`` split off as words of their own
+    (None when the text does not split)."""
+    lexer = shlex.shlex(text, posix=True, punctuation_chars=chars)
     lexer.whitespace_split = True
     lexer.commenters = "#"
     try:
-        tokens = list(lexer)
+        return list(lexer)
     except ValueError:
+        return None
+
+
+def _closes_paren(text: str, split: list[str]) -> bool:
+    """Whether ``text`` ends with an unquoted ``)`` (an array's end; a quoted ``'(1, 0)'`` is a word)."""
+    tokens = _punctuated(text, "()")
+    if tokens is None:
         return bool(split) and split[-1].endswith(")")
     return bool(tokens) and tokens[-1].endswith(")") and not tokens[-1].strip("()")
 
@@ -157,12 +165,8 @@ def _no_bare_pipes(text: str, split: list[str], path: str, line: int) -> None:
     piped = [w for w in split if "|" in w and w.strip("|")]
     if not piped:
         return
-    lexer = shlex.shlex(text, posix=True, punctuation_chars="|")
-    lexer.whitespace_split = True
-    lexer.commenters = "#"
-    try:
-        tokens = set(lexer)
-    except ValueError:
+    tokens = _punctuated(text, "|")
+    if tokens is None:
         return
     for word in piped:
         if word not in tokens:
