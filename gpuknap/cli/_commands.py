@@ -265,7 +265,7 @@ def cmd_curve(args: argparse.Namespace) -> int:
     backend = get_backend(args.backend)
     if args.counts is not None:
         counts = counts_list(args.counts)
-        _stages_match(args, counts, spec.chunks)
+        _stages_match(args, counts, spec.chunks, spec)
         try:
             spec.model.check_counts(counts, spec.chunks)
         except ValueError as exc:
@@ -316,7 +316,7 @@ def cmd_timeline(args: argparse.Namespace) -> int:
     chunks = args.interleave or spec.chunks
     if args.counts is not None:
         counts = counts_list(args.counts)
-        _stages_match(args, counts, chunks)
+        _stages_match(args, counts, chunks, spec)
         spec = _restaged(args, spec, len(counts), chunks)
     elif args.recompute:  # a run as it was run: Megatron's even split
         try:
@@ -372,8 +372,14 @@ def _restaged(args: argparse.Namespace, spec: Spec, width: int, chunks: int) -> 
     return _spec(args, args.spec, note_dp=False)
 
 
-def _stages_match(args: argparse.Namespace, counts: list, chunks: int) -> None:
-    """``--stages`` next to ``--counts`` must agree with it (else one of them would be ignored)."""
+def _stages_match(args: argparse.Namespace, counts: list, chunks: int, spec: Spec | None = None) -> None:
+    """``--stages`` (or the spec's ``pipeline.stages``) next to ``--counts`` must agree with it
+    (else one of them would be ignored)."""
+    per = " ({} chunks per stage)".format(chunks) if chunks > 1 else ""
     if getattr(args, "stages", None) is not None and len(counts) != args.stages * chunks:
-        raise BadInput(f"--stages {args.stages} contradicts --counts, which gives {len(counts)} counts"
-                       + (f" ({chunks} chunks per stage)" if chunks > 1 else "") + "; give one of them")
+        raise BadInput(f"--stages {args.stages} contradicts --counts, which gives {len(counts)} counts{per}; "
+                       "give one of them")
+    if getattr(args, "stages", None) is None and spec is not None and spec.stages is not None \
+            and len(counts) != spec.stages * chunks:
+        raise BadInput(f"--counts gives {len(counts)} counts{per}; the spec's pipeline.stages is {spec.stages} "
+                       "(give --stages to override it)")

@@ -174,6 +174,8 @@ def guarded(command: Callable[[], int]) -> int:
 
 def counts_list(text: str) -> list[int]:
     """``--counts``: a split as comma- or space-separated integers."""
+    if "," in text and any(not part.strip() for part in text.split(",")):
+        raise ValueError(f"--counts: an empty count between commas in {text[:40]!r}")
     try:
         counts = [int(x) for x in text.replace(",", " ").split()]
     except ValueError:

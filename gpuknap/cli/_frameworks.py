@@ -165,13 +165,14 @@ def _even_plan(model: Any, name: str, stages: int, chunks: int, in_flight: Any, 
     return even, even_names, value, best_time, even_time, ev.choice
 
 
-def _window_notes(config: int | None, read: int | None) -> list[str]:
+def _window_notes(config: int | None, read: int | None, cp: int) -> list[str]:
     """What ``rank --from`` says when the attention window Megatron settings run (``read`` keys a
     query, 0 the whole sequence, None not said) is not the config's (``config``, None: none)."""
     if read is None:
+        exchange = " with --cp-comm-type all_gather (Transformer Engine refuses a window over p2p)" if cp > 1 else ""
         return [] if config is None else [
             f"the config's {config}-token sliding window is costed; these flags do not set --window-size, without "
-            f"which Megatron attends to the whole sequence (the window is --window-size {config - 1},0)"]
+            f"which Megatron attends to the whole sequence (the window is --window-size {config - 1},0{exchange})"]
     if read == (config or 0):
         return []
     theirs = "the whole sequence" if not read else f"a {read}-token window (--window-size {read - 1},0)"
@@ -199,7 +200,7 @@ def rank_settings(args: argparse.Namespace, make_spec: Callable[..., Any], emit:
             raise _bad("the settings run without the distributed optimizer, and gpuknap's cost model shards the "
                        "optimizer over data-parallel ranks", source)
         comm = run.get("cp_comm")
-        if run.get("window") and spec.model.costs.training.cp > 1 and not (
+        if run.get("sliding") and spec.model.costs.training.cp > 1 and not (
                 comm and all(t in formats.megatron.WINDOW_CP_COMM for t in comm)):
             used = f"--cp-comm-type {' '.join(comm)}" if comm else "Megatron's default p2p exchange"
             raise _bad(f"Transformer Engine runs a sliding window with context parallelism only over a2a or "
@@ -221,7 +222,8 @@ def rank_settings(args: argparse.Namespace, make_spec: Callable[..., Any], emit:
     if read and not costed:
         notes.append(f"{read} MTP layer(s) read; this model has none, so gpuknap does not cost them")
     if isinstance(settings, formats.megatron.Settings):
-        notes += _window_notes(formats.window_tokens(args.spec), run.get("window"))
+        cp = spec.model.costs.training.cp if spec.model.costs is not None else 1
+        notes += _window_notes(formats.window_tokens(args.spec), run.get("window"), cp)
     if costed and not read:
         notes.append(f"the config's {costed} MTP layer(s) are costed on the last stage; these settings run none")
     payload = {**header(spec), "from": source, "feasible": not over, "over_budget_stages": over, "best": record,

@@ -54,6 +54,8 @@ NOT_FLAGS = {
     "--use-layer-wise-distributed-optimizer": "Megatron sets it from the optimizer it runs",
     "--sequence-length": "the flag is --seq-length",
 }
+#: What argparse takes for a negative number rather than a flag (``_negative_number_matcher``).
+_NUMBER = re.compile(r"-\d+|-\d*\.\d+")
 _NAME = re.compile(r"[a-z_][a-z0-9_+]*")  # module names, exchange types (a2a+p2p)
 
 
@@ -91,6 +93,9 @@ def arguments(text: str, path: str) -> dict[str, tuple[list[str], int]]:
             if i >= len(tokens) or tokens[i][0].startswith("--"):
                 raise ValueError(f"{path}: line {line}: {flag}: the value is missing")
             values = [tokens[i][0]]
+            if values[0].startswith("-") and not _NUMBER.fullmatch(values[0]):
+                raise ValueError(f"{path}: line {line}: {flag} {values[0]}: Megatron's parser takes {values[0]!r} after "
+                                 f"a space for a flag (argparse before Python 3.14); write {flag}={values[0]}")
             i += 1
         else:  # names up to the next flag, in this command
             values = []
@@ -98,7 +103,10 @@ def arguments(text: str, path: str) -> dict[str, tuple[list[str], int]]:
                 values.append(tokens[i][0])
                 i += 1
             if not values:  # argparse's nargs="+"
-                raise ValueError(f"{path}: line {line}: {flag}: Megatron needs at least one name after it")
+                after = tokens[i][0] if i < len(tokens) and tokens[i][1] == line else ""
+                got = f", got {after!r}, not one (lowercase letters, digits, _ and +)" \
+                    if after and not after.startswith("--") else ""
+                raise ValueError(f"{path}: line {line}: {flag}: Megatron needs at least one name after it{got}")
         for v in values:
             if "$" in v or "`" in v:
                 raise ValueError(f"{path}: line {line}: {flag} {v}: a shell variable; gpuknap reads values written "

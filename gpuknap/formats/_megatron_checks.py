@@ -78,8 +78,9 @@ def _refuse(args: dict, flag: str, path: str, why: str) -> None:
         raise ValueError(f"{path}: line {args[flag][1]}: {flag}: {why}")
 
 
-def _window(args: dict, path: str) -> int | None:
-    """Keys a query attends to under ``--window-size`` (0: the whole sequence; None: not given),
+def _window(args: dict, path: str) -> tuple[int, bool] | None:
+    """Keys a query attends to under ``--window-size`` (0: the whole sequence) and whether
+    Transformer Engine takes it for a sliding window (any ``L >= 0``); None when not given;
     read as Megatron's ``tuple_type`` parses it and Transformer Engine runs it on a causal model
     (``check_set_window_size``: ``(L, R)`` with ``L >= 0`` runs as ``(L, 0)``, ``(-1, -1)`` as
     ``(-1, 0)``)."""
@@ -95,7 +96,7 @@ def _window(args: dict, path: str) -> int | None:
     if left < -1 or right < -1 or (left == -1 and right > 0):
         raise ValueError(f"{where}: a causal model's window is LEFT,0 with LEFT >= 0 (LEFT + 1 keys), or -1,0 "
                          f"for the whole sequence; got {values[0]!r}"[:300])
-    return 0 if left == -1 or left >= MAX_WINDOW else left + 1
+    return (0 if left == -1 or left >= MAX_WINDOW else left + 1), left >= 0
 
 
 def check_arguments(args: dict, path: str) -> dict:
@@ -161,10 +162,15 @@ def check_arguments(args: dict, path: str) -> dict:
         if wrong:
             raise ValueError(f"{path}: line {line}: --cp-comm-type: {wrong[0]!r} is not one of Transformer Engine's "
                              f"{', '.join(CP_COMM_TYPES)}")
+        if len(types) not in (1, num_layers):  # transformer_config.py: one per layer, or one for all
+            raise ValueError(f"{path}: line {line}: --cp-comm-type: {len(types)} types; Megatron takes one for every "
+                             f"layer or one per layer (--num-layers {num_layers})")
         run["cp_comm"] = tuple(types)
     window = _window(args, path)
-    if window is not None or whole:  # a whole run without --window-size attends to the whole sequence
-        run["window"] = window or 0
+    if window is not None:
+        run["window"], run["sliding"] = window
+    elif whole:  # a whole run without --window-size attends to the whole sequence
+        run["window"] = 0
     if "--encoder-seq-length" in args:  # arguments.py: one is the other, and only one may be given
         _refuse(args, "--seq-length", path, "Megatron refuses it beside --encoder-seq-length (one is the other)")
         run["seq"] = _int(args, "--encoder-seq-length", path)

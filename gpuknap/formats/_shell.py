@@ -1,12 +1,15 @@
 """A launch script's words as the shell passes them (private; :mod:`._arguments` reads flags from them).
 
 The text is cut into commands as bash would: lines joined at a trailing backslash, quoted
-strings kept whole over several lines, comments dropped; a comment line inside a continued
-command ends it (bash ends the command there), so flags on the lines after it would never
-reach the program, and are refused.  Variables are followed as far as a reader can without
-running the script:
+strings kept whole over several lines, comments dropped (a ``#`` starts one only at the start
+of a word, and a comment ends at its line's end, a backslash in it included), here-documents'
+text skipped; a comment line inside a continued command ends it (bash ends the command
+there), so flags on the lines after it would never reach the program, and are refused
+(inside an array's parentheses a newline is only a space: the array goes on).  Variables are
+followed as far as a reader can without running the script:
 
-- a bash array (``ARGS=( ... )`` on one line or several) or a string variable
+- a bash array (``ARGS=( ... )`` on one line or several, ended by its unmatched unquoted
+  ``)``; ``ARGS+=( ... )`` appends; ``declare -a``) or a string variable
   (``ARGS="--a 1 --b"``) is stored where it is assigned, its words split at spaces as an
   unquoted ``$ARGS`` passes them (quotes inside kept), references inside the value expanded;
 - its words are passed where it is referenced as a word of its own (``$ARGS``, ``${ARGS}``,
@@ -25,8 +28,8 @@ from __future__ import annotations
 import re
 import shlex
 
-_ARRAY = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=\((.*)", re.S)
-_ASSIGN = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=(.*)", re.S)
+_ARRAY = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(\+?)=\((.*)", re.S)  # NAME=( or NAME+=(
+_ASSIGN = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(\+?)=(.*)", re.S)
 _REFERENCE = re.compile(r"\$(?:([A-Za-z_][A-Za-z0-9_]*)|\{([A-Za-z_][A-Za-z0-9_]*)(?:\[[@*]\])?\})")
 _FLAG = re.compile(r"(^|\s)--[a-z]")
 #: Commands whose words are printed, not passed.
@@ -38,54 +41,106 @@ _KEYWORDS = _DECLARERS + ("if", "then", "else", "elif", "fi", "case", "esac", "s
                           "test", "for", "do", "done", "while", ")", "(", "{", "}")
 
 
+#: Characters after which an unquoted ``#`` starts a word, and so a comment (bash's metacharacters).
+_WORD_BREAK = " \t;&|()<>"
+
+
+def _scan(line: str, quote: str | None) -> tuple[str, str | None, int, int]:
+    """One physical line as bash reads it, entered inside ``quote`` (None, ``'`` or ``"``):
+    ``(the line without its comment, the quote open at its end, the lowest and the last depth
+    of unquoted parentheses)``.  A ``#`` starts a comment only at the start of a word (not in
+    ``run#3`` or ``${#A[@]}``); a comment runs to the end of the line, a backslash in it included."""
+    depth = low = 0
+    i = 0
+    while i < len(line):
+        c = line[i]
+        if quote == "'":
+            quote = None if c == "'" else quote
+        elif c == "\\":
+            i += 1  # the next character is escaped (inside double quotes too, near enough)
+        elif quote == '"':
+            quote = None if c == '"' else quote
+        elif c in "'\"":
+            quote = c
+        elif c == "#" and (i == 0 or line[i - 1] in _WORD_BREAK):
+            return line[:i].rstrip(), None, low, depth
+        elif c in "()":
+            depth += 1 if c == "(" else -1
+            low = min(low, depth)
+        i += 1
+    return line, quote, low, depth
+
+
+def _continued(kept: str) -> bool:
+    """Whether a line (its comment dropped) ends with a backslash that joins the next line to it
+    (an odd run of them: ``\\\\`` is an escaped backslash)."""
+    return (len(kept) - len(kept.rstrip("\\"))) % 2 == 1
+
+
 def _punctuated(text: str, chars: str) -> list[str] | None:
-    """The shell words of ``text`` with unquoted runs of ``chars`` split off as words of their own
-    (None when the text does not split)."""
+    """The shell words of ``text`` (comments already dropped) with unquoted runs of ``chars``
+    split off as words of their own (None when the text does not split)."""
     lexer = shlex.shlex(text, posix=True, punctuation_chars=chars)
     lexer.whitespace_split = True
-    lexer.commenters = "#"
+    lexer.commenters = ""
     try:
         return list(lexer)
     except ValueError:
         return None
 
 
-def _closes_paren(text: str, split: list[str]) -> bool:
-    """Whether ``text`` ends with an unquoted ``)`` (an array's end; a quoted ``'(1, 0)'`` is a word)."""
-    tokens = _punctuated(text, "()")
-    if tokens is None:
-        return bool(split) and split[-1].endswith(")")
-    return bool(tokens) and tokens[-1].endswith(")") and not tokens[-1].strip("()")
+def _heredoc(split: list[str]) -> tuple[str, bool] | None:
+    """The delimiter of a here-document a command opens (``<<END``, ``<< 'END'``, ``<<-END``) and
+    whether its lines may be indented with tabs; None without one (``<<<`` is a here-string)."""
+    for i, word in enumerate(split):
+        if word.startswith("<<") and not word.startswith("<<<"):
+            rest, dash = (word[3:], True) if word.startswith("<<-") else (word[2:], False)
+            delimiter = rest or (split[i + 1] if i + 1 < len(split) else "")
+            return (delimiter, dash) if delimiter else None
+    return None
 
 
-def commands(text: str, path: str) -> list[tuple[list[str], int, bool]]:
-    """The commands of a text, each its shell words, its first line and whether it ends with an
-    unquoted ``)``."""
-    out: list[tuple[list[str], int, bool]] = []
+def commands(text: str, path: str) -> list[tuple[list[str], int, int, int]]:
+    """The commands of a text: each its shell words, its first line, and the lowest and the last
+    depth of its unquoted parentheses (how an array's lines open and close it)."""
+    out: list[tuple[list[str], int, int, int]] = []
     lines = re.split(r"\r?\n", text)
-    joined, first = "", None
+    joined, first, quote, low, depth, heredoc = "", None, None, 0, 0, None
+    in_array = False  # inside an array's parentheses, where a newline is only a space
     for number, line in enumerate(lines, 1):
+        if heredoc is not None:  # a here-document's text is input to a program, not words
+            if (line.lstrip("\t") if heredoc[1] else line) == heredoc[0]:
+                heredoc = None
+            continue
         if first is None:
             first = number
-        if joined and line.lstrip().startswith("#") and number < len(lines) \
-                and lines[number].lstrip().startswith("-") and _closed(joined):
+        kept, quote_after, line_low, line_depth = _scan(line, quote)
+        comment_only = quote is None and not kept.strip() and line.strip().startswith("#")
+        if joined and comment_only and not in_array and depth <= 0 \
+                and number < len(lines) and lines[number].lstrip().startswith("-"):
             raise ValueError(f"{path}: line {number}: this comment ends the command continued from line {first} "
                              f"(the shell ends it there), so the flags from line {number + 1} on are not passed "
                              "to it; move the comment out of the command")
-        if line.endswith("\\") and not line.endswith("\\\\"):
-            joined += line[:-1] + " "
+        low, depth = min(low, depth + line_low), depth + line_depth
+        if quote_after is None and _continued(kept):
+            joined += kept[:-1] + " "
             continue
-        joined += line
-        try:
-            split = shlex.split(joined, comments=True)
-        except ValueError as exc:
-            if "closing quotation" in str(exc) and number < len(lines):  # a quoted string goes on
+        joined += kept
+        quote = quote_after
+        if quote is not None:  # a quoted string goes on over the next line
+            if number < len(lines):
                 joined += "\n"
                 continue
+            raise ValueError(f"{path}: line {first}: cannot split the line into words (no closing quotation)")
+        try:
+            split = shlex.split(joined)
+        except ValueError as exc:
             raise ValueError(f"{path}: line {first}: cannot split the line into words ({exc})") from None
         _no_bare_pipes(joined, split, path, first)
-        out.append((split, first, _closes_paren(joined, split)))
-        joined, first = "", None
+        out.append((split, first, low, depth))
+        heredoc = _heredoc(split)
+        in_array = low >= 0 if in_array else _opens_array(split) and depth > 0
+        joined, first, low, depth = "", None, 0, 0
     return out
 
 
@@ -113,21 +168,22 @@ def words(text: str, path: str) -> list[tuple[str, int]]:
             passed.add(name)
         return stored[name]
 
-    def store(name: str, values: list[str], line: int) -> None:
+    def store(name: str, values: list[str], line: int, append: bool = False) -> None:
         if depth:
             uncertain[name] = line
-        held: list[tuple[str, int]] = []
+        held: list[tuple[str, int]] = list(stored.get(name, [])) if append else []
         for v in values:
             held += expand(v, line) if _REFERENCE.fullmatch(v) else [(v, line)]
         stored[name] = held
         passed.discard(name)
 
-    for split, line, closing in commands(text, path):
-        if array is not None:  # the lines of an array defined over several
-            name, held = array
-            held += [w[:-1] if closing and i == len(split) - 1 else w for i, w in enumerate(split)]
+    for split, line, low, end in commands(text, path):
+        if array is not None:  # the lines of an array defined over several: an unmatched ")" ends it
+            name, append, held = array
+            closing = low < 0
+            held += [_unclosed(w) if closing and i == len(split) - 1 else w for i, w in enumerate(split)]
             if closing:
-                store(name, [w for w in held if w], line)
+                store(name, [w for w in held if w], line, append)
                 array = None
             continue
         if split and split[0] in ("if", "case"):
@@ -137,19 +193,20 @@ def words(text: str, path: str) -> list[tuple[str, int]]:
         if split and split[0] in _PRINTERS:
             continue
         ran = ran or bool(split) and not _ASSIGN.fullmatch(split[0]) and split[0] not in _KEYWORDS
-        rest = split[1:] if split and split[0] in _DECLARERS else split
+        rest = _assignment(split)
         defined = _ARRAY.fullmatch(rest[0]) if rest else None
         if defined is not None:
-            held = [defined.group(2)] + rest[1:]
-            if closing:
-                held[-1] = held[-1][:-1]
-                store(defined.group(1), [w for w in held if w], line)
+            name, append, held = defined.group(1), bool(defined.group(2)), [defined.group(3)] + rest[1:]
+            if end <= 0:  # closed on its own line
+                held[-1] = _unclosed(held[-1])
+                store(name, [w for w in held if w], line, append)
             else:
-                array = (defined.group(1), [w for w in held if w])
+                array = (name, append, [w for w in held if w])
             continue
         assigned = _ASSIGN.fullmatch(rest[0]) if len(rest) == 1 else None
         if assigned is not None:
-            store(assigned.group(1), assigned.group(2).split(), line)
+            value = assigned.group(3).split()
+            store(assigned.group(1), value, line, bool(assigned.group(2)))
             continue
         for word in split:
             out += expand(word, line)
@@ -158,6 +215,28 @@ def words(text: str, path: str) -> list[tuple[str, int]]:
             if any(_FLAG.search(w) for w, _ in held):
                 out += held
     return out
+
+
+def _assignment(split: list[str]) -> list[str]:
+    """A command's words from its assignment on (``declare -a X=(...)``: the declarer and its
+    options skipped)."""
+    rest = split
+    if split and split[0] in _DECLARERS:
+        rest = split[1:]
+        while rest and rest[0].startswith("-"):
+            rest = rest[1:]
+    return rest
+
+
+def _opens_array(split: list[str]) -> bool:
+    rest = _assignment(split)
+    return bool(rest) and _ARRAY.fullmatch(rest[0]) is not None
+
+
+def _unclosed(word: str) -> str:
+    """The last word of an array without the ``)`` that ends the array (and a ``;`` after it)."""
+    word = word.rstrip(";")
+    return word[:-1] if word.endswith(")") else word
 
 
 def _no_bare_pipes(text: str, split: list[str], path: str, line: int) -> None:

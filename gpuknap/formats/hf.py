@@ -236,6 +236,8 @@ def sliding_window(data: Mapping, kind: str, layers: int, where: str) -> tuple[i
     window = _count({"sliding_window": window}, "sliding_window", where)
     if not switched:
         return window, None
+    if kind == "qwen3_moe" and _optional(data, "max_window_layers", where, 28) == 0:
+        return window, None  # every layer slides in 4.51 (from layer 0 on) and in 5.x (always)
     if kind in UNSETTLED_WINDOWS:  # which layers slide differs between transformers versions: not guessed
         return None, window
     types = data.get("layer_types")

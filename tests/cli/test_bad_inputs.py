@@ -233,8 +233,10 @@ CASES = [
     rank_case("CSV empty", text("# nothing\n"), ["no splits"], api=False),
     rank_case("CSV huge count", text("9" * 30 + "\n"), ["line 1"], api=False),
     rank_case("interleaved spec, plain CSV", text(GOOD_ROW + "\n"), ["16 counts", "needs 4"], spec="{i}", api=False),
-    Case("--counts wrong sum", ["curve", DEMO, "--stage", "0", "--counts", "1,2,3"], ["--counts", "sum"],
-         {}, lambda p: load_spec(DEMO).model.stages([1, 2, 3])),
+    Case("--counts wrong sum", ["curve", DEMO, "--stage", "0", "--counts", ",".join(["1"] * 16)],
+         ["--counts", "sum"], {}, lambda p: load_spec(DEMO).model.stages([1, 2, 3])),
+    Case("--counts not the spec's stages", ["timeline", DEMO, "--counts", "50,48"], ["--counts", "pipeline.stages"]),
+    Case("--counts with an empty count", ["timeline", DEMO, "--counts", "5,,4,9"], ["--counts", "empty count"]),
     Case("--stage out of range", ["curve", DEMO, "--stage", "16", "--counts", GOOD_ROW], ["--stage", "0..15"]),
     # 5. silent no-ops and odd successes
     Case("--plot at a directory", ["best", DEMO, "--plot", "{f}"], ["--plot", "directory"], {"out/": None}),

@@ -160,7 +160,8 @@ def test_context_parallelism_with_a_window_needs_an_exchange_transformer_engine_
     text = capsys.readouterr().out
     assert "    --cp-comm-type all_gather\n" in text and "Transformer Engine" in text
     script = tmp_path / "run.sh"
-    for comm, ok in (("all_gather", True), ("a2a", True), ("p2p", False), (None, False), ("a2a a2a+p2p", False)):
+    for comm, ok in (("all_gather", True), ("a2a", True), ("p2p", False), (None, False),
+                     (" ".join(["a2a"] * 31 + ["a2a+p2p"]), False)):
         script.write_text(text.replace("--cp-comm-type all_gather", f"--cp-comm-type {comm}" if comm else ""))
         assert main(["rank", config, "--from", str(script), *CP]) == (0 if ok else 2)
         err = capsys.readouterr().err
@@ -176,3 +177,39 @@ def test_a_window_on_a_measured_profile_is_refused(capsys, tmp_path):
                       "--window-size 1023,0\n")
     assert main(["rank", "gpuknap/examples/demo.json", "--from", str(script), "--capacity", "200GiB", "--quiet"]) == 2
     assert "costed only on a Hugging Face config" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag, says", [
+    ("--window-size -1,0", "write --window-size=-1,0"),  # argparse before 3.14 takes -1,0 for a flag
+    ("--cp-comm-type a2a a2a all_gather", "one per layer (--num-layers 32)"),
+    ("--cp-comm-type A2A", "got 'A2A'"),
+    ("--window-size 10000000,0 --cp-comm-type p2p", "only over a2a or all_gather"),  # TE: still a sliding window
+])
+def test_context_parallel_spellings_megatron_or_transformer_engine_refuse(capsys, tmp_path, flag, says):
+    config = _config(tmp_path, "mistral")
+    assert main(["best", config, "--stages", "4", "--emit", "megatron", *CP]) == 0
+    text = capsys.readouterr().out.replace("--cp-comm-type all_gather", "").replace("--window-size 4095,0", flag)
+    script = tmp_path / "run.sh"
+    script.write_text(text)
+    assert main(["rank", config, "--from", str(script), *CP]) == 2
+    err = capsys.readouterr().err
+    assert says in err and len(err.strip().splitlines()) == 1
+
+
+def test_per_layer_exchanges_and_the_fragment_note_with_context_parallelism(capsys, tmp_path):
+    config = _config(tmp_path, "mistral")
+    assert main(["best", config, "--stages", "4", "--emit", "megatron", *CP]) == 0
+    text = capsys.readouterr().out
+    script = tmp_path / "run.sh"
+    script.write_text(text.replace("--cp-comm-type all_gather", "--cp-comm-type " + " ".join(["a2a"] * 32)))
+    assert main(["rank", config, "--from", str(script), *CP]) == 0
+    capsys.readouterr()
+    script.write_text("--num-layers 32 --pipeline-model-parallel-size 4 "
+                      "--pipeline-model-parallel-layout 'Et*8|t*8|t*8|t*8L'\n")
+    got = _rank_flags(capsys, config, script, CP)
+    assert [n for n in got["notes"] if "--window-size 4095,0 with --cp-comm-type all_gather" in n]
+
+
+def _rank_flags(capsys, config, script, flags) -> dict:
+    assert main(["rank", config, "--from", str(script), "--json", *flags]) == 0
+    return json.loads(capsys.readouterr().out)

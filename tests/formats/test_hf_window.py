@@ -76,3 +76,11 @@ def test_qwen_moe_windows_are_refused_where_transformers_versions_disagree(kind)
     with pytest.raises(ValueError, match="differs between transformers versions"):
         hf.model_of(data, "x", 2**50, 1, seq=8192)
     assert hf.model_of({**data, "use_sliding_window": False}, "x", 2**50, 1, seq=8192).costs.window is None
+
+
+def test_qwen3_moe_sliding_from_layer_zero_is_every_layer_in_both_versions():
+    data = {"model_type": "qwen3_moe", "hidden_size": 1024, "intermediate_size": 2048, "moe_intermediate_size": 512,
+            "num_experts": 8, "num_experts_per_tok": 2, "num_attention_heads": 16, "num_key_value_heads": 4,
+            "num_hidden_layers": 8, "vocab_size": 1000, "use_sliding_window": True, "sliding_window": 4096,
+            "max_window_layers": 0}
+    assert hf.model_of(data, "x", 2**50, 1, seq=8192).costs.window == 4096
