@@ -212,7 +212,8 @@ def cmd_rank(args: argparse.Namespace) -> int:
     sf = read_splits(args.splits)
     splits = sf.counts
     width = splits.shape[1]
-    spec = _restaged(args, spec, width, spec.chunks)
+    if spec.stages is None:  # a spec's pipeline.stages must agree with the splits (below)
+        spec = _restaged(args, spec, width, spec.chunks)
     if spec.stages is not None and width != spec.stages * spec.chunks:
         need = f"{spec.stages} stages" + (f" x {spec.chunks} chunks" if spec.chunks > 1 else "")
         raise BadInput(f"{sf.where(0)} has {width} counts; the spec's pipeline needs {spec.stages * spec.chunks} "
@@ -265,7 +266,8 @@ def cmd_curve(args: argparse.Namespace) -> int:
     backend = get_backend(args.backend)
     if args.counts is not None:
         counts = counts_list(args.counts)
-        _stages_match(args, counts, spec.chunks, spec)
+        _stages_match(args, counts, spec.chunks)
+        spec = _restaged(args, spec, len(counts), spec.chunks)
         try:
             spec.model.check_counts(counts, spec.chunks)
         except ValueError as exc:
@@ -316,7 +318,7 @@ def cmd_timeline(args: argparse.Namespace) -> int:
     chunks = args.interleave or spec.chunks
     if args.counts is not None:
         counts = counts_list(args.counts)
-        _stages_match(args, counts, chunks, spec)
+        _stages_match(args, counts, chunks)
         spec = _restaged(args, spec, len(counts), chunks)
     elif args.recompute:  # a run as it was run: Megatron's even split
         try:
@@ -364,22 +366,18 @@ def plural(n: int, word: str) -> str:
 
 
 def _restaged(args: argparse.Namespace, spec: Spec, width: int, chunks: int) -> Spec:
-    """The spec rebuilt for the stage count ``width`` counts give, when it did not say one and a
-    cost model depends on it (a tied embedding's second copy, the MTP embedding, the sends)."""
-    if spec.stages is not None or spec.model.costs is None or width % chunks:
+    """The spec rebuilt for the stage count ``width`` counts give, when a cost model depends on it
+    (a tied embedding's second copy, the MTP embedding, the sends) and it was built for another
+    (none given, or the file's ``pipeline.stages``; ``--stages`` must agree with the counts)."""
+    if spec.model.costs is None or width % chunks or spec.stages == width // chunks:
         return spec
     args.stages = width // chunks
     return _spec(args, args.spec, note_dp=False)
 
 
-def _stages_match(args: argparse.Namespace, counts: list, chunks: int, spec: Spec | None = None) -> None:
-    """``--stages`` (or the spec's ``pipeline.stages``) next to ``--counts`` must agree with it
-    (else one of them would be ignored)."""
-    per = " ({} chunks per stage)".format(chunks) if chunks > 1 else ""
+def _stages_match(args: argparse.Namespace, counts: list, chunks: int) -> None:
+    """``--stages`` next to ``--counts`` must agree with it (else one of them would be ignored);
+    the spec's ``pipeline.stages`` gives way to the counts (:func:`_restaged`)."""
     if getattr(args, "stages", None) is not None and len(counts) != args.stages * chunks:
-        raise BadInput(f"--stages {args.stages} contradicts --counts, which gives {len(counts)} counts{per}; "
-                       "give one of them")
-    if getattr(args, "stages", None) is None and spec is not None and spec.stages is not None \
-            and len(counts) != spec.stages * chunks:
-        raise BadInput(f"--counts gives {len(counts)} counts{per}; the spec's pipeline.stages is {spec.stages} "
-                       "(give --stages to override it)")
+        raise BadInput(f"--stages {args.stages} contradicts --counts, which gives {len(counts)} counts"
+                       + (f" ({chunks} chunks per stage)" if chunks > 1 else "") + "; give one of them")

@@ -235,7 +235,6 @@ CASES = [
     rank_case("interleaved spec, plain CSV", text(GOOD_ROW + "\n"), ["16 counts", "needs 4"], spec="{i}", api=False),
     Case("--counts wrong sum", ["curve", DEMO, "--stage", "0", "--counts", ",".join(["1"] * 16)],
          ["--counts", "sum"], {}, lambda p: load_spec(DEMO).model.stages([1, 2, 3])),
-    Case("--counts not the spec's stages", ["timeline", DEMO, "--counts", "50,48"], ["--counts", "pipeline.stages"]),
     Case("--counts with an empty count", ["timeline", DEMO, "--counts", "5,,4,9"], ["--counts", "empty count"]),
     Case("--stage out of range", ["curve", DEMO, "--stage", "16", "--counts", GOOD_ROW], ["--stage", "0..15"]),
     # 5. silent no-ops and odd successes

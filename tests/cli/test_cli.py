@@ -264,3 +264,21 @@ def test_timeline_counts_build_the_cost_model_for_their_stages(capsys, tmp_path)
     assert outs[0]["iteration_time_s"] == outs[1]["iteration_time_s"]
     assert outs[0]["stage_breakdown"] == outs[1]["stage_breakdown"]
     assert all(st["p2p"] > 0 for st in outs[0]["stage_breakdown"])
+
+
+def test_timeline_counts_other_than_the_spec_stages_are_costed_for_their_own(capsys, tmp_path):
+    """A spec's pipeline.stages gives way to --counts: the cost model is rebuilt for the counts'
+    stage count, exactly as a spec saying that count."""
+    from gpuknap.cli import main
+
+    spec = json.load(open(os.path.join(EXAMPLES, "llama2_70b.json")))
+    one, four = tmp_path / "one.json", tmp_path / "four.json"  # one stage: no pipeline sends
+    one.write_text(json.dumps({**spec, "pipeline": {**spec["pipeline"], "stages": 1}}))
+    four.write_text(json.dumps({**spec, "pipeline": {**spec["pipeline"], "stages": 4}}))
+    outs = []
+    for path in (one, four):
+        assert main(["timeline", str(path), "--counts", "21,20,20,21", "--quiet", "--json"]) == 0
+        outs.append(json.loads(capsys.readouterr().out))
+    assert outs[0]["iteration_time_s"] == outs[1]["iteration_time_s"]
+    assert outs[0]["stage_breakdown"] == outs[1]["stage_breakdown"]
+    assert all(st["p2p"] > 0 for st in outs[0]["stage_breakdown"])
