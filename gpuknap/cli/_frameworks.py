@@ -20,7 +20,7 @@ from ..formats import framework
 from ..search import best_splits, constrained_splits, with_grouped
 from ._flags import EXIT_OK
 from ._plots import plot_best
-from ._report import format_split, split_record
+from ._report import format_split, run_times, split_record
 
 EXIT_INFEASIBLE = 1
 #: Run values a settings file may give -> (argument attribute, command-line flag).
@@ -62,11 +62,13 @@ def best_emit(args: argparse.Namespace, spec: Any, stages: int, chunks: int, in_
     even = _even_plan(model, name, stages, chunks, in_flight, spec.bucket, counts, names, args.score) \
         if chunks > 1 and args.score != "simulated" else None
     if even is not None:  # the closed form's plan puts unequal chunks that the schedule pays for
-        counts, names, value, best_time, even_time, choice = even
+        counts, names, value, best_time, even_time, choice, runs = even
         exact = False
+        as_runs = "" if runs is None else f" (as runs, sends and tails included: {runs[1]:.4g} s against {runs[0]:.4g} s)"
         notes.append(f"emitted: the even split (Megatron's default), which simulates to {even_time:.6g} against "
-                     f"{best_time:.6g} for the {args.score} score's best plan (the score sees only stage totals, "
-                     f"not unequal chunks); it scores {value:.6g}; --score simulated searches the simulated time")
+                     f"{best_time:.6g}{as_runs} for the {args.score} score's best plan (the score sees only stage "
+                     f"totals, not unequal chunks); it scores {value:.6g}; --score simulated searches the simulated "
+                     "time")
         payload["even_split"] = True
         found = [(counts, value, choice, names, None)]
     if free:
@@ -145,8 +147,9 @@ def _merge(args: argparse.Namespace, settings: Any, source: str) -> dict:
 def _even_plan(model: Any, name: str, stages: int, chunks: int, in_flight: Any, bucket: float, counts: Any,
                names: Any, score: str) -> tuple | None:
     """Megatron's even interleaved split with the best settings ``name`` expresses on it, when it
-    fits and simulates faster than the plan ``counts``/``names``: ``(counts, names, score, that
-    plan's simulated time, the even one's, its choice)``."""
+    fits and runs faster than the plan ``counts``/``names`` (by the run's time where there is one,
+    as a sweep decides, else the simulated schedule's): ``(counts, names, score, that plan's
+    simulated time, the even one's, its choice, both run times or None)``."""
     from ..schedule import simulated_plans  # noqa: PLC0415 - only for interleaved plans
     from ..search import best_on_split, even_candidate, interleaved_score  # noqa: PLC0415
 
@@ -157,12 +160,14 @@ def _even_plan(model: Any, name: str, stages: int, chunks: int, in_flight: Any, 
     if even_names is None:
         return None
     gm = with_grouped(model)
-    best_time, even_time = simulated_plans(gm, [(list(counts), names), (even, even_names)], chunks)
-    if not even_time < best_time:
-        return None
+    plans = [(list(counts), names), (even, even_names)]
+    best_time, even_time = simulated_plans(gm, plans, chunks)
+    runs = run_times(gm, plans, chunks)
+    if not (runs[1] < runs[0] if runs else even_time < best_time):
+        return None  # as a sweep decides: by the run's time (sends and tails) where there is a run
     ev = framework.evaluate(gm, even, even_names, in_flight, chunks)
     value = float(interleaved_score(np.array([ev.times], dtype=np.float64), score, model.micro_batches, chunks)[0])
-    return even, even_names, value, best_time, even_time, ev.choice
+    return even, even_names, value, best_time, even_time, ev.choice, runs
 
 
 def _window_notes(config: int | None, read: int | None, cp: int) -> list[str]:

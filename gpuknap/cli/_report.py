@@ -96,6 +96,15 @@ def _memory(model: PipelineModel, stage: Any, sc: Any) -> dict:
             "reserved_bytes": model.reserved, "capacity_bytes": model.capacity}
 
 
+def run_times(model: Any, plans: Sequence[tuple], chunks: int = 1) -> list[float] | None:
+    """Each plan's ``(counts, every layer's option name)`` run time in seconds, its pipeline
+    sends, data-parallel tail and optimizer step included (how a sweep ranks its rows); None for
+    measured profiles, which have no run."""
+    if getattr(model, "costs", None) is None:
+        return None
+    return [estimate(model, list(counts), list(names), chunks).iteration_time for counts, names in plans]
+
+
 def run_record(model: PipelineModel, counts: Sequence[int], names: Sequence[str], chunks: int = 1) -> dict:
     """The split as a training run (cost-modelled models; None values for measured profiles):
     ``iteration_time_s``, ``mfu``, ``tflops_per_gpu``, ``gpus``, ``breakdown`` (seconds per

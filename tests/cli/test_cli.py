@@ -282,3 +282,24 @@ def test_timeline_counts_other_than_the_spec_stages_are_costed_for_their_own(cap
     assert outs[0]["iteration_time_s"] == outs[1]["iteration_time_s"]
     assert outs[0]["stage_breakdown"] == outs[1]["stage_breakdown"]
     assert all(st["p2p"] > 0 for st in outs[0]["stage_breakdown"])
+
+
+@pytest.mark.parametrize("v", [2, 16])
+def test_best_and_the_sweep_agree_on_the_even_split(capsys, v):
+    """best --interleave takes Megatron's even split as faster exactly when the sweep ranks it
+    first: both compare the runs' times, sends and tails included (a near tie at v = 16, where
+    the simulated times without sends order the two the other way)."""
+    from gpuknap import sweep
+    from gpuknap.cli import main
+
+    config = os.path.join(EXAMPLES, "llama2_7b_config.json")
+    rows = sweep(config, {"stages": [2], "tensor_parallel": [4], "micro_batch_size": [2], "interleave": [v]},
+                 gpus=32, global_batch=64, seq=4096).rows
+    assert main(["best", config, "--seq", "4096", "--stages", "2", "--tp", "4", "--interleave", str(v),
+                 "--micro-batch-size", "2", "--micro-batches", "8", "--dp", "4", "--score", "1f1b", "--quiet",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    even = out.get("even_split")
+    assert bool(rows[0].get("even_split")) == (even is not None)
+    first = even["iteration_time_s"] if even else out["results"][0]["iteration_time_s"]
+    assert first == pytest.approx(rows[0]["iteration_time_s"], rel=1e-12)
