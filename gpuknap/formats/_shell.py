@@ -89,14 +89,16 @@ def _punctuated(text: str, chars: str) -> list[str] | None:
         return None
 
 
-def _heredoc(split: list[str]) -> tuple[str, bool] | None:
-    """The delimiter of a here-document a command opens (``<<END``, ``<< 'END'``, ``<<-END``) and
-    whether its lines may be indented with tabs; None without one (``<<<`` is a here-string)."""
-    for i, word in enumerate(split):
-        if word.startswith("<<") and not word.startswith("<<<"):
-            rest, dash = (word[3:], True) if word.startswith("<<-") else (word[2:], False)
-            delimiter = rest or (split[i + 1] if i + 1 < len(split) else "")
-            return (delimiter, dash) if delimiter else None
+def _heredoc(text: str) -> tuple[str, bool] | None:
+    """The delimiter of a here-document a command opens with an unquoted ``<<`` (``<<END``,
+    ``<< 'END'``, ``<<-END``) and whether its lines may be indented with tabs; None without one
+    (``<<<`` is a here-string, a quoted ``"<<x"`` a word)."""
+    tokens = _punctuated(text, "<>") or []
+    for i, token in enumerate(tokens[:-1]):
+        if token == "<<":
+            delimiter = tokens[i + 1]
+            dash = delimiter.startswith("-")
+            return (delimiter[1:] if dash else delimiter, dash) if delimiter.strip("-") else None
     return None
 
 
@@ -138,7 +140,7 @@ def commands(text: str, path: str) -> list[tuple[list[str], int, int, int]]:
             raise ValueError(f"{path}: line {first}: cannot split the line into words ({exc})") from None
         _no_bare_pipes(joined, split, path, first)
         out.append((split, first, low, depth))
-        heredoc = _heredoc(split)
+        heredoc = _heredoc(joined)
         in_array = low >= 0 if in_array else _opens_array(split) and depth > 0
         joined, first, low, depth = "", None, 0, 0
     return out

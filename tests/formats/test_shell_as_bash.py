@@ -52,6 +52,12 @@ run with --context-parallel-size 2 to go faster
 END
 python pretrain_gpt.py --tensor-model-parallel-size 8
 """,
+    "quoted here-document marks": """cat > /dev/null <<-END
+	run with --context-parallel-size 2
+	END
+echo "<<x" > /dev/null
+python pretrain_gpt.py --tensor-model-parallel-size 8 --log-dir "<<y"
+""",
     "comment inside a continued array": """ARGS=( \\
   --tensor-model-parallel-size 8 \\
   # --pipeline-model-parallel-size 2 \\
