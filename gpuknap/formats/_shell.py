@@ -18,7 +18,16 @@ followed as far as a reader can without running the script:
   passes the variables holding flags, as written;
 - a variable set inside an ``if`` or ``case`` block is refused where it is used: which
   branch runs is not in the file; a variable the file does not set stays a ``$word``;
-- ``echo`` and ``printf`` commands pass nothing.
+- ``echo`` and ``printf`` commands pass nothing; ``VAR=value`` words before a program are its
+  environment, not its words.
+
+A script that runs a program and also has a line that starts with a flag (after an empty line,
+or a space after the backslash meant to continue the line before) is refused: bash runs that
+line as a command of its own, so its flags never reach the program.  A file of flags only (an
+arguments file) is read as written.  Not followed (checked against bash by a differential fuzz,
+and rare in launch scripts): a quoted reference passing one word (``"$ARGS"``, ``"${A[*]}"``), a
+single-quoted or escaped ``$NAME`` (read as the variable), empty words, several assignments on
+one line, ``~`` and brace expansion, function bodies (read where they are written).
 
 A word with an unquoted ``|`` (a layout written without quotes) is refused: the shell would
 cut the command there and pipe it into the rest.
@@ -51,18 +60,19 @@ def _scan(line: str, quote: str | None) -> tuple[str, str | None, int, int]:
     of unquoted parentheses)``.  A ``#`` starts a comment only at the start of a word (not in
     ``run#3`` or ``${#A[@]}``); a comment runs to the end of the line, a backslash in it included."""
     depth = low = 0
-    i = 0
+    i, escaped = 0, -1  # escaped: the position of the last character a backslash escaped
     while i < len(line):
         c = line[i]
         if quote == "'":
             quote = None if c == "'" else quote
         elif c == "\\":
             i += 1  # the next character is escaped (inside double quotes too, near enough)
+            escaped = i
         elif quote == '"':
             quote = None if c == '"' else quote
         elif c in "'\"":
             quote = c
-        elif c == "#" and (i == 0 or line[i - 1] in _WORD_BREAK):
+        elif c == "#" and (i == 0 or line[i - 1] in _WORD_BREAK and escaped != i - 1):
             return line[:i].rstrip(), None, low, depth
         elif c in "()":
             depth += 1 if c == "(" else -1
@@ -90,15 +100,19 @@ def _punctuated(text: str, chars: str) -> list[str] | None:
 
 
 def _heredoc(text: str) -> tuple[str, bool] | None:
-    """The delimiter of a here-document a command opens with an unquoted ``<<`` (``<<END``,
-    ``<< 'END'``, ``<<-END``) and whether its lines may be indented with tabs; None without one
-    (``<<<`` is a here-string, a quoted ``"<<x"`` a word)."""
-    tokens = _punctuated(text, "<>") or []
+    """The delimiter of a here-document a command opens with an unquoted ``<<`` outside any
+    parentheses (``<<END``, ``<< 'END'``, ``<<-END``; not ``$((1<<3))``) and whether its lines
+    may be indented with tabs; None without one (``<<<`` is a here-string, ``"<<x"`` a word)."""
+    tokens = _punctuated(text, "<>()|&;") or []
+    depth = 0
     for i, token in enumerate(tokens[:-1]):
-        if token == "<<":
+        if token and not token.strip("()"):
+            depth += token.count("(") - token.count(")")
+        elif token == "<<" and depth <= 0:
             delimiter = tokens[i + 1]
             dash = delimiter.startswith("-")
-            return (delimiter[1:] if dash else delimiter, dash) if delimiter.strip("-") else None
+            delimiter = delimiter[1:] if dash else delimiter
+            return (delimiter, dash) if delimiter.strip("<>()|&;") else None
     return None
 
 
@@ -124,8 +138,9 @@ def commands(text: str, path: str) -> list[tuple[list[str], int, int, int]]:
                              f"(the shell ends it there), so the flags from line {number + 1} on are not passed "
                              "to it; move the comment out of the command")
         low, depth = min(low, depth + line_low), depth + line_depth
-        if quote_after is None and _continued(kept):
-            joined += kept[:-1] + " "
+        if quote_after in (None, '"') and _continued(kept) and number < len(lines):
+            joined += kept[:-1] + ("" if quote_after else " ")  # inside double quotes: the two just vanish
+            quote = quote_after
             continue
         joined += kept
         quote = quote_after
@@ -155,8 +170,9 @@ def words(text: str, path: str) -> list[tuple[str, int]]:
     array: tuple[str, list] | None = None  # an array being defined over several lines
     depth = 0  # if / case blocks open
     ran = False  # a command other than assignments (a program run)
+    stray: tuple[str, int] | None = None  # the first command that starts with a flag (outside if / case)
 
-    def expand(word: str, line: int) -> list[tuple[str, int]]:
+    def expand(word: str, line: int, passing: bool = True) -> list[tuple[str, int]]:
         found = _REFERENCE.fullmatch(word)
         name = None if found is None else found.group(1) or found.group(2)
         if name not in stored:  # a plain word, or a variable the file does not set (refused if read)
@@ -164,7 +180,7 @@ def words(text: str, path: str) -> list[tuple[str, int]]:
         if name in uncertain:
             raise ValueError(f"{path}: line {line}: {word} is set inside an if or case block (line "
                              f"{uncertain[name]}); which branch runs is not in the file: write what the run uses")
-        if any(_FLAG.search(w) for w, _ in stored[name]):  # flags: passed once, as they are run once
+        if passing and any(_FLAG.search(w) for w, _ in stored[name]):  # flags: passed once, as they are run once
             if name in passed:
                 return []
             passed.add(name)
@@ -175,7 +191,7 @@ def words(text: str, path: str) -> list[tuple[str, int]]:
             uncertain[name] = line
         held: list[tuple[str, int]] = list(stored.get(name, [])) if append else []
         for v in values:
-            held += expand(v, line) if _REFERENCE.fullmatch(v) else [(v, line)]
+            held += expand(v, line, passing=False) if _REFERENCE.fullmatch(v) else [(v, line)]
         stored[name] = held
         passed.discard(name)
 
@@ -194,7 +210,6 @@ def words(text: str, path: str) -> list[tuple[str, int]]:
             depth = max(depth - 1, 0)
         if split and split[0] in _PRINTERS:
             continue
-        ran = ran or bool(split) and not _ASSIGN.fullmatch(split[0]) and split[0] not in _KEYWORDS
         rest = _assignment(split)
         defined = _ARRAY.fullmatch(rest[0]) if rest else None
         if defined is not None:
@@ -210,8 +225,19 @@ def words(text: str, path: str) -> list[tuple[str, int]]:
             value = assigned.group(3).split()
             store(assigned.group(1), value, line, bool(assigned.group(2)))
             continue
-        for word in split:
-            out += expand(word, line)
+        program = split
+        while len(program) > 1 and _ASSIGN.fullmatch(program[0]):  # VAR=value prefixes: the program's
+            program = program[1:]  # environment (CUDA_VISIBLE_DEVICES=0 python ...), not its words
+        passed_words = [e for word in program for e in expand(word, line)]
+        led = bool(passed_words) and passed_words[0][0].startswith("-")
+        if led and not depth and stray is None:
+            stray = passed_words[0]
+        ran = ran or bool(program) and not led and not _ASSIGN.fullmatch(program[0]) and program[0] not in _KEYWORDS
+        out += passed_words
+    if ran and stray is not None:  # a script whose program runs: a line of flags is a command of its own
+        raise ValueError(f"{path}: line {stray[1]}: {stray[0]}: bash runs this line as a command of its own (the "
+                         "line before does not end with a backslash, or has a space or an empty line after it), so "
+                         "these flags never reach the program; join the lines")
     if not ran:  # only definitions: a block of them (as gpuknap writes one), read as written
         for held in stored.values():
             if any(_FLAG.search(w) for w, _ in held):

@@ -58,6 +58,12 @@ python pretrain_gpt.py --tensor-model-parallel-size 8
 echo "<<x" > /dev/null
 python pretrain_gpt.py --tensor-model-parallel-size 8 --log-dir "<<y"
 """,
+    "environment prefix and shifts": """UNUSED=(--fp16)
+N=$((1<<3))
+ALL="$UNUSED --bf16"
+CUDA_VISIBLE_DEVICES=0 python pretrain_gpt.py --seq-length 4096 --log-dir "run \\
+2"
+""",
     "comment inside a continued array": """ARGS=( \\
   --tensor-model-parallel-size 8 \\
   # --pipeline-model-parallel-size 2 \\
@@ -87,3 +93,21 @@ def test_flags_are_the_ones_bash_passes(tmp_path, name):
     flags = lambda ws: [w for w in ws if w.startswith("--")]  # noqa: E731
     assert flags(read) == flags(passed), (read, passed)
     assert read[read.index(flags(read)[0]):] == passed[passed.index(flags(passed)[0]):] or "$" in SCRIPTS[name]
+
+
+@pytest.mark.parametrize("script", [
+    "python pretrain_gpt.py --bf16 \\\n\n  --lr 1e-4\n",  # an empty line ends the command
+    "python pretrain_gpt.py --bf16 \\ \n  --lr 1e-4\n",  # so does a space after the backslash
+    "python pretrain_gpt.py --bf16 \\ # fp\n  --lr 1e-4\n",  # an escaped space, then the word ' #'
+    "ARGS=(--lr 1e-4)\npython pretrain_gpt.py --bf16 \\\n  # tuning\n  \"${ARGS[@]}\"\n",
+])
+def test_a_line_of_flags_bash_runs_as_its_own_command_is_refused(script):
+    """bash runs such a line as a command of its own ('--lr: command not found'): its flags never
+    reach the program, so the file is refused rather than read with them."""
+    with pytest.raises(ValueError, match="bash runs this line as a command of its own"):
+        words(script, "run.sh")
+
+
+def test_a_file_of_flags_only_is_read_as_written():
+    assert [w for w, _ in words("--num-layers 8\n\n--seq-length 4096\n", "args.txt")] == \
+        ["--num-layers", "8", "--seq-length", "4096"]
