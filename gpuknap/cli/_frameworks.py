@@ -226,6 +226,9 @@ def rank_settings(args: argparse.Namespace, make_spec: Callable[..., Any], emit:
                    "(num_nextn_predict_layers), which gpuknap costs on the last stage; make them agree", source)
     if read and not costed:
         notes.append(f"{read} MTP layer(s) read; this model has none, so gpuknap does not cost them")
+    if run.get("tp_comm_overlap") and spec.model.costs is not None:
+        notes.append("--tp-comm-overlap: Megatron overlaps TP communication with the GEMMs, which gpuknap does not "
+                     "model: these times include it exposed (the tp share of the breakdown), an upper bound")
     if isinstance(settings, formats.megatron.Settings):
         cp = spec.model.costs.training.cp if spec.model.costs is not None else 1
         notes += _window_notes(formats.window_tokens(args.spec), run.get("window"), cp)

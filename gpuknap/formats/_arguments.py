@@ -29,7 +29,7 @@ READ = {
     "--expert-tensor-parallel-size": 1, "--sequence-parallel": 0, "--micro-batch-size": 1,
     "--global-batch-size": 1, "--seq-length": 1, "--use-distributed-optimizer": 0, "--moe-grouped-gemm": 0,
     "--mtp-num-layers": 1, "--no-overlap-p2p-communication": 0, "--encoder-seq-length": 1, "--window-size": 1,
-    "--cp-comm-type": "*",
+    "--cp-comm-type": "*", "--tp-comm-overlap": 0,
     # read to be refused: they conflict with a layout, or change what gpuknap models
     "--decoder-first-pipeline-num-layers": 1, "--decoder-last-pipeline-num-layers": 1,
     "--account-for-embedding-in-pipeline-split": 0, "--account-for-loss-in-pipeline-split": 0,
@@ -42,6 +42,12 @@ KNOWN = {
     "--eval-global-batch-size", "--eval-micro-batch-size", "--rl-inference-expert-model-parallel-size",
     "--rl-inference-pipeline-model-parallel-size", "--rl-inference-tensor-model-parallel-size",
     "--encoder-num-layers", "--decoder-num-layers", "--decoder-seq-length",
+    # TransformerConfig's TP-overlap fields and the overlap's config file, beside --tp-comm-overlap
+    "--tp-comm-overlap-cfg", "--tp-comm-overlap-ag", "--tp-comm-overlap-rs", "--tp-comm-overlap-rs-dgrad",
+    "--tp-comm-overlap-disable-qkv", "--tp-comm-overlap-disable-fc1", "--tp-comm-bulk-wgrad", "--tp-comm-bulk-dgrad",
+    "--tp-comm-split-ag", "--tp-comm-split-rs", "--tp-comm-bootstrap-backend",
+    "--no-tp-comm-overlap-ag", "--no-tp-comm-overlap-rs", "--no-tp-comm-bulk-wgrad", "--no-tp-comm-bulk-dgrad",
+    "--no-tp-comm-split-ag", "--no-tp-comm-split-rs",
 }
 #: Names that look like Megatron flags but are not (its parser refuses them), with what to write.
 NOT_FLAGS = {

@@ -166,6 +166,11 @@ def check_arguments(args: dict, path: str) -> dict:
             raise ValueError(f"{path}: line {line}: --cp-comm-type: {len(types)} types; Megatron takes one for every "
                              f"layer or one per layer (--num-layers {num_layers})")
         run["cp_comm"] = tuple(types)
+    if "--tp-comm-overlap" in args:  # arguments.py asserts sequence parallelism with it; gpuknap does not model it
+        if whole and "--sequence-parallel" not in args:
+            _refuse(args, "--tp-comm-overlap", path, "Megatron overlaps TP communication only with "
+                                                     "--sequence-parallel (arguments.py asserts it)")
+        run["tp_comm_overlap"] = True
     window = _window(args, path)
     if window is not None:
         run["window"], run["sliding"] = window

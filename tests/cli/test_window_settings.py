@@ -213,3 +213,20 @@ def test_per_layer_exchanges_and_the_fragment_note_with_context_parallelism(caps
 def _rank_flags(capsys, config, script, flags) -> dict:
     assert main(["rank", config, "--from", str(script), "--json", *flags]) == 0
     return json.loads(capsys.readouterr().out)
+
+
+def test_tp_comm_overlap_is_read_and_said_not_modelled(capsys, tmp_path):
+    """--tp-comm-overlap changes nothing in gpuknap's costs (not modelled): the same times and a note;
+    a whole run without sequence parallelism is refused, as Megatron's arguments.py asserts."""
+    config = _config(tmp_path, "mistral")
+    text = _emit(capsys, config)
+    script = tmp_path / "run.sh"
+    script.write_text(text)
+    want = _rank(capsys, config, script)
+    script.write_text(text.replace("--window-size 4095,0", "--window-size 4095,0 --tp-comm-overlap"))
+    got = _rank(capsys, config, script)
+    assert _stage_times(got) == _stage_times(want)
+    assert [n for n in got["notes"] if n.startswith("--tp-comm-overlap")]
+    script.write_text(text.replace("--sequence-parallel", "--tp-comm-overlap"))
+    assert main(["rank", config, "--from", str(script), *FLAGS]) == 2
+    assert "--sequence-parallel" in capsys.readouterr().err
