@@ -27,7 +27,8 @@ line as a command of its own, so its flags never reach the program.  A file of f
 arguments file) is read as written.  Not followed (checked against bash by a differential fuzz,
 and rare in launch scripts): a quoted reference passing one word (``"$ARGS"``, ``"${A[*]}"``), a
 single-quoted or escaped ``$NAME`` (read as the variable), empty words, several assignments on
-one line, ``~`` and brace expansion, function bodies (read where they are written).
+one line, ``~`` and brace expansion, function bodies (read where they are written), a
+here-document line ending in a backslash (bash joins it to the next).
 
 A word with an unquoted ``|`` (a layout written without quotes) is refused: the shell would
 cut the command there and pipe it into the rest.
