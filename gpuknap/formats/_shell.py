@@ -187,12 +187,13 @@ def words(text: str, path: str) -> list[tuple[str, int]]:
             passed.add(name)
         return stored[name]
 
-    def store(name: str, values: list[str], line: int, append: bool = False) -> None:
+    def store(name: str, values: list[tuple[str, int]], line: int, append: bool = False) -> None:
+        """Set (or append to) a variable: its words, each with the line it was written on."""
         if depth:
             uncertain[name] = line
         held: list[tuple[str, int]] = list(stored.get(name, [])) if append else []
-        for v in values:
-            held += expand(v, line, passing=False) if _REFERENCE.fullmatch(v) else [(v, line)]
+        for v, at in values:
+            held += expand(v, at, passing=False) if _REFERENCE.fullmatch(v) else [(v, at)]
         stored[name] = held
         passed.discard(name)
 
@@ -200,9 +201,9 @@ def words(text: str, path: str) -> list[tuple[str, int]]:
         if array is not None:  # the lines of an array defined over several: an unmatched ")" ends it
             name, append, held = array
             closing = low < 0
-            held += [_unclosed(w) if closing and i == len(split) - 1 else w for i, w in enumerate(split)]
+            held += [(_unclosed(w) if closing and i == len(split) - 1 else w, line) for i, w in enumerate(split)]
             if closing:
-                store(name, [w for w in held if w], line, append)
+                store(name, [(w, at) for w, at in held if w], line, append)
                 array = None
             continue
         if split and split[0] in ("if", "case"):
@@ -217,14 +218,16 @@ def words(text: str, path: str) -> list[tuple[str, int]]:
             name, append, held = defined.group(1), bool(defined.group(2)), [defined.group(3)] + rest[1:]
             if end <= 0:  # closed on its own line
                 held[-1] = _unclosed(held[-1])
-                store(name, [w for w in held if w], line, append)
+            pairs = [(w, line) for w in held if w]
+            if end <= 0:
+                store(name, pairs, line, append)
             else:
-                array = (name, append, [w for w in held if w])
+                array = (name, append, pairs)
             continue
         assigned = _ASSIGN.fullmatch(rest[0]) if len(rest) == 1 else None
         if assigned is not None:
             value = assigned.group(3).split()
-            store(assigned.group(1), value, line, bool(assigned.group(2)))
+            store(assigned.group(1), [(w, line) for w in value], line, bool(assigned.group(2)))
             continue
         program = split
         while len(program) > 1 and _ASSIGN.fullmatch(program[0]):  # VAR=value prefixes: the program's

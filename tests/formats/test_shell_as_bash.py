@@ -111,3 +111,9 @@ def test_a_line_of_flags_bash_runs_as_its_own_command_is_refused(script):
 def test_a_file_of_flags_only_is_read_as_written():
     assert [w for w, _ in words("--num-layers 8\n\n--seq-length 4096\n", "args.txt")] == \
         ["--num-layers", "8", "--seq-length", "4096"]
+
+
+def test_an_arrays_words_keep_the_lines_they_were_written_on():
+    script = "ARGS=(\n  --num-layers 4\n  --seq-length 4096 \\\n    --lr 1e-4\n)\nARGS+=(--bf16)\npython p.py \"${ARGS[@]}\"\n"
+    got = dict(words(script, "run.sh"))
+    assert (got["--num-layers"], got["--seq-length"], got["--lr"], got["--bf16"]) == (2, 3, 3, 6)
