@@ -138,14 +138,20 @@ def test_a_quoted_tuple_inside_an_array_does_not_end_it(capsys, tmp_path):
     assert [n for n in got["notes"] if "a 2048-token window (--window-size 2047,0)" in n]
 
 
-def test_skip_freq_without_a_window_changes_nothing(capsys, tmp_path):
+def _written_and_edited(capsys, tmp_path, flags: str) -> tuple:
+    """The emitted Mistral settings ranked as written and with ``flags`` for their window flag:
+    ``(config, text, script, as written, edited)``."""
     config = _config(tmp_path, "mistral")
     text = _emit(capsys, config)
     script = tmp_path / "run.sh"
     script.write_text(text)
     want = _rank(capsys, config, script)
-    script.write_text(text.replace("--window-size 4095,0", "--window-attn-skip-freq 4"))
-    got = _rank(capsys, config, script)
+    script.write_text(text.replace("--window-size 4095,0", flags))
+    return config, text, script, want, _rank(capsys, config, script)
+
+
+def test_skip_freq_without_a_window_changes_nothing(capsys, tmp_path):
+    _, _, _, want, got = _written_and_edited(capsys, tmp_path, "--window-attn-skip-freq 4")
     assert max(_stage_times(got)) > max(_stage_times(want))  # the whole sequence, as Megatron runs it
 
 
@@ -218,13 +224,7 @@ def _rank_flags(capsys, config, script, flags) -> dict:
 def test_tp_comm_overlap_is_read_and_said_not_modelled(capsys, tmp_path):
     """--tp-comm-overlap changes nothing in gpuknap's costs (not modelled): the same times and a note;
     a whole run without sequence parallelism is refused, as Megatron's arguments.py asserts."""
-    config = _config(tmp_path, "mistral")
-    text = _emit(capsys, config)
-    script = tmp_path / "run.sh"
-    script.write_text(text)
-    want = _rank(capsys, config, script)
-    script.write_text(text.replace("--window-size 4095,0", "--window-size 4095,0 --tp-comm-overlap"))
-    got = _rank(capsys, config, script)
+    config, text, script, want, got = _written_and_edited(capsys, tmp_path, "--window-size 4095,0 --tp-comm-overlap")
     assert _stage_times(got) == _stage_times(want)
     assert [n for n in got["notes"] if n.startswith("--tp-comm-overlap")]
     script.write_text(text.replace("--sequence-parallel", "--tp-comm-overlap"))
