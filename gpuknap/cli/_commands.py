@@ -197,10 +197,11 @@ def _even_split(spec: Spec, stages: int, chunks: int, in_flight: Any, found: Any
     choice = pp_lite(model.stages(counts, in_flight, chunks), model.fronts, spec.bucket)
     if choice is None:
         return None
-    (simulated,) = schedule.simulated_times(model, [(counts, 0.0, choice)], in_flight, chunks)
     first_counts, _, first_choice = found[0][:3]
-    runs = run_times(model, [(c, model.option_names(c, ch, in_flight, chunks))
-                             for c, ch in ((counts, choice), (list(first_counts), first_choice))], chunks)
+    plans = [(c, model.option_names(c, ch, in_flight, chunks))
+             for c, ch in ((counts, choice), (list(first_counts), first_choice))]
+    (simulated,) = schedule.simulated_plans(model, plans[:1], chunks)
+    runs = run_times(model, plans, chunks)
     if simulated is None or not (runs[0] < runs[1] if runs else simulated < first["iteration_time_simulated"]):
         return None  # as a sweep decides: by the run's time (sends and tails) where there is a run
     return {"counts": counts, "iteration_time_simulated": simulated, "iteration_time_s": runs and runs[0]}

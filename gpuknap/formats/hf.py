@@ -158,9 +158,7 @@ def architecture(data: Any, where: str) -> Architecture:
     mtp = mtp_depths(data, where) if kind == "deepseek_v3" else 0
     extras = biases(data, kind, where)
     window, _ = sliding_window(data, kind, layers, where)
-    tied = data.get("tie_word_embeddings", False)  # every family's class defaults it to false
-    if not isinstance(tied, bool):
-        raise ValueError(f"{where}: tie_word_embeddings: expected true or false, got {tied!r}"[:300])
+    tied = _flag(data, "tie_word_embeddings", False, where)  # every family's class defaults it to false
     try:
         return Architecture(layers=layers, hidden=hidden, heads=heads, vocab=vocab, ffn=ffn, head_dim=head_dim,
                             kv_heads=kv_heads, gated=True, latent=latent, experts=experts, moe_layers=moe_layers,
@@ -169,26 +167,28 @@ def architecture(data: Any, where: str) -> Architecture:
         raise ValueError(f"{where}: {exc}") from None
 
 
+def _flag(data: Mapping, key: str, default: bool, where: str) -> bool:
+    """A true/false field of a config (absent: ``default``), refused by name when it is anything else."""
+    value = data.get(key, default)
+    if not isinstance(value, bool):
+        raise ValueError(f"{where}: {key}: expected true or false, got {value!r}"[:300])
+    return value
+
+
 def biases(data: Mapping, kind: str, where: str) -> dict:
     """The projections' biases and Qwen3's per-head query/key norms, as transformers' modeling code
     builds each family (``modeling_<family>.py``): ``attention_bias`` on Q, K, V and O (Llama,
     Qwen3; DeepSeek-V3's down-projections and O), Qwen2's Q, K, V always, Qwen2-MoE's with
     ``qkv_bias`` (default true), Llama's ``mlp_bias``; Mistral and Mixtral have none."""
-    def flag(key: str, default: bool) -> bool:
-        value = data.get(key, default)
-        if not isinstance(value, bool):
-            raise ValueError(f"{where}: {key}: expected true or false, got {value!r}"[:300])
-        return value
-
     out: dict = {}
     if kind in ("llama", "qwen3", "qwen3_moe", "deepseek_v3"):
-        out["qkv_bias"] = out["o_bias"] = flag("attention_bias", False)
+        out["qkv_bias"] = out["o_bias"] = _flag(data, "attention_bias", False, where)
     elif kind == "qwen2":
         out["qkv_bias"] = True
     elif kind == "qwen2_moe":
-        out["qkv_bias"] = flag("qkv_bias", True)
+        out["qkv_bias"] = _flag(data, "qkv_bias", True, where)
     if kind == "llama":
-        out["mlp_bias"] = flag("mlp_bias", False)
+        out["mlp_bias"] = _flag(data, "mlp_bias", False, where)
     if kind in ("qwen3", "qwen3_moe"):
         out["qk_norm"] = True
     return out
@@ -224,12 +224,8 @@ def sliding_window(data: Mapping, kind: str, layers: int, where: str) -> tuple[i
     if kind not in WINDOWED:
         return None, None
     default, switched = WINDOWED[kind]
-    if switched:
-        use = data.get("use_sliding_window", False)
-        if not isinstance(use, bool):
-            raise ValueError(f"{where}: use_sliding_window: expected true or false, got {use!r}"[:300])
-        if not use:
-            return None, None
+    if switched and not _flag(data, "use_sliding_window", False, where):
+        return None, None
     window = data.get("sliding_window", default)
     if window is None:
         return None, None
@@ -309,13 +305,13 @@ def model_of(data: Any, where: str, capacity: float, micro_batches: int, reserve
     check_parallel(arch, tr, where, data.get("model_type", ""))
     kind = check_fields(data, where)
     _, partial = sliding_window(data, kind, arch.layers, where)
-    if partial is not None and tr.seq > partial and window is None and kind in UNSETTLED_WINDOWS:
-        raise ValueError(f"{where}: use_sliding_window: which layers of a {kind} model slide differs between "
-                         "transformers versions (4.51: from max_window_layers on; 5.x: "
-                         + ("every layer" if kind == "qwen3_moe" else "alternate layers below max_window_layers")
-                         + f"), so gpuknap does not guess; at --seq {tr.seq} it matters (at --seq {partial} or less "
-                         "the window changes nothing)")
-    if partial is not None and tr.seq > partial and window is None:
+    if partial is not None and tr.seq > partial and window is None:  # the window matters, and is not one
+        if kind in UNSETTLED_WINDOWS:
+            raise ValueError(f"{where}: use_sliding_window: which layers of a {kind} model slide differs between "
+                             "transformers versions (4.51: from max_window_layers on; 5.x: "
+                             + ("every layer" if kind == "qwen3_moe" else "alternate layers below max_window_layers")
+                             + f"), so gpuknap does not guess; at --seq {tr.seq} it matters (at --seq {partial} or "
+                             "less the window changes nothing)")
         raise ValueError(f"{where}: sliding_window: only some layers attend through the {partial}-token window "
                          f"(max_window_layers, layer_types), which gpuknap does not model; at --seq {tr.seq} it "
                          f"changes their attention (at --seq {partial} or less it changes nothing)")
