@@ -52,7 +52,8 @@ def _spec(args: argparse.Namespace, path: str | None, note_dp: bool = True, **ex
                      stages=getattr(args, "stages", None), bucket=args.bucket, reserved=args.reserved, seq=args.seq,
                      micro_batch=args.micro_batch_size, tensor_parallel=args.tp, expert_parallel=args.ep,
                      expert_tensor_parallel=args.etp, context_parallel=args.cp, data_parallel=args.dp,
-                     recompute=args.recompute, **extra, **device_keywords(args))
+                     recompute=args.recompute, **{"tp_comm_overlap": args.tp_comm_overlap, **extra},
+                     **device_keywords(args))
     if note_dp and spec.kind == "config" and args.dp is None and "data_parallel" not in extra:
         note("--dp not given: data-parallel size 1, so the optimizer state is not sharded and no gradients are "
              "reduced; give --dp for the run you plan")

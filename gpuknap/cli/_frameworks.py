@@ -123,10 +123,13 @@ def _merge(args: argparse.Namespace, settings: Any, source: str) -> dict:
                 raise _bad(f"the settings run {key} = {value}, but {flag} {given}; drop the flag or fix the file",
                            source)
             setattr(args, attr, value)
-        elif key == "sequence_parallel":
+        elif key in ("sequence_parallel", "tp_comm_overlap"):
             if not isinstance(value, bool):
-                raise _bad(f"sequence parallelism: expected true or false, got {value!r}", source)
-            extra["sequence_parallel"] = value
+                raise _bad(f"{key}: expected true or false, got {value!r}", source)
+            if key == "tp_comm_overlap" and args.tp_comm_overlap and not value:
+                raise _bad("--tp-comm-overlap given, but the settings run without it; drop the flag or fix the file",
+                           source)
+            extra[key] = value
         elif key == "window" and formats.is_config(args.spec):  # the attention the settings run
             extra["window"] = value
         elif key == "window" and value:
@@ -204,6 +207,11 @@ def rank_settings(args: argparse.Namespace, make_spec: Callable[..., Any], emit:
         if run.get("distributed_optimizer") is False and spec.model.costs.training.shards() > 1:
             raise _bad("the settings run without the distributed optimizer, and gpuknap's cost model shards the "
                        "optimizer over data-parallel ranks", source)
+        tr = spec.model.costs.training
+        if (isinstance(settings, formats.megatron.Settings) and "moe" in spec.model.kind_order and tr.tp > 1
+                and not tr.sequence_parallel):
+            raise _bad("Megatron's MoE layers refuse tensor parallelism without --sequence-parallel (MoELayer.forward "
+                       "raises when training so): add --sequence-parallel", source)
         comm = run.get("cp_comm")
         if run.get("sliding") and spec.model.costs.training.cp > 1 and not (
                 comm and all(t in formats.megatron.WINDOW_CP_COMM for t in comm)):
@@ -226,9 +234,12 @@ def rank_settings(args: argparse.Namespace, make_spec: Callable[..., Any], emit:
                    "(num_nextn_predict_layers), which gpuknap costs on the last stage; make them agree", source)
     if read and not costed:
         notes.append(f"{read} MTP layer(s) read; this model has none, so gpuknap does not cost them")
-    if run.get("tp_comm_overlap") and spec.model.costs is not None:
-        notes.append("--tp-comm-overlap: Megatron overlaps TP communication with the GEMMs, which gpuknap does not "
-                     "model: these times include it exposed (the tp share of the breakdown), an upper bound")
+    tr = spec.model.costs.training if spec.model.costs is not None else None
+    if run.get("overlap_grad_reduce") is False and tr is not None and max(tr.dp * tr.cp, tr.expert_data_parallel) > 1:
+        notes.append("no --overlap-grad-reduce: Megatron then reduces the gradients after the last backward, all of "
+                     "it exposed, and gathers the parameters before the next step; gpuknap costs both overlapped as "
+                     "far as one micro-batch's backward and forward allow, a lower bound (add --overlap-grad-reduce "
+                     "--overlap-param-gather)")
     if isinstance(settings, formats.megatron.Settings):
         cp = spec.model.costs.training.cp if spec.model.costs is not None else 1
         notes += _window_notes(formats.window_tokens(args.spec), run.get("window"), cp)

@@ -69,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
                                       }.items():
         common.add_argument(flag, type=integer(flag, 1, high), metavar="N",
                             help=f"{what}, for an analytic model (config.json or a transformer section)")
+    common.add_argument("--tp-comm-overlap", action="store_true", default=None,
+                        help="overlap TP communication with the GEMMs, as Megatron's --tp-comm-overlap (needs "
+                             "sequence parallelism)")
     common.add_argument("--recompute", choices=RECOMPUTE,
                         help="run every decoder layer with this option (predict a run as it was run)")
     p = Parser(prog="gpuknap", description="Exact recompute-option knapsacks for pipeline splits.")

@@ -55,6 +55,8 @@ def add_sweep(sub: Any, base: Any) -> None:
     w.add_argument("--top-splits", type=integer("--top-splits", 1, MAX_TOP), default=1,
                    help="splits kept per configuration (default 1)")
     w.add_argument("--seq", type=integer("--seq", 1, 10**7), metavar="N", help="sequence length, for a config.json")
+    w.add_argument("--tp-comm-overlap", action="store_true",
+                   help="overlap TP communication with the GEMMs, as Megatron's --tp-comm-overlap")
     w.add_argument("--scheduler", metavar="ADDRESS",
                    help="shard the configurations over a Dask cluster, e.g. tcp://host:8786 (needs gpuknap[cluster])")
     w.set_defaults(func=cmd_sweep)
@@ -140,7 +142,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     result = sweep(args.spec, grid, gpus=args.gpus, global_batch=args.global_batch, score=args.score, top=top,
                    top_splits=args.top_splits, backend=args.backend, scheduler=args.scheduler,
                    capacity=args.capacity, reserved=args.reserved, seq=args.seq, bucket=args.bucket,
-                   max_bytes=args.max_memory, **device)
+                   max_bytes=args.max_memory, tp_comm_overlap=args.tp_comm_overlap, **device)
     feasible = result.best is not None
     if args.plot:
         title = f"{os.path.basename(args.spec)}: {args.gpus} GPUs, global batch {args.global_batch}"

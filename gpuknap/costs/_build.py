@@ -10,6 +10,7 @@ communication of tensor (``tp``), context (``cp``) and expert (``ep``) paralleli
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -33,7 +34,8 @@ class ModelCosts:
     """What a cost-modelled :class:`PipelineModel` knows beyond its options (times in ms):
     ``flops[kind]`` Megatron's model FLOPs of one layer for one micro-batch (forward and
     backward, no recompute), ``params[kind]``/``expert_params[kind]`` per rank, ``p2p`` one
-    micro-batch's activations sent to the next stage."""
+    micro-batch's activations sent to the next stage, ``mtp`` the multi-token-prediction layers
+    costed with the output layer."""
 
     device: Device
     training: Training
@@ -44,20 +46,24 @@ class ModelCosts:
     p2p: float = 0.0
     time_unit: float = 1e-3
     window: int | None = None
+    mtp: int = 0
 
-    def tail(self, kinds: Mapping) -> float:
+    def tail(self, kinds: Mapping, forward: float, backward: float) -> float:
         """Time after a stage's last backward (ms): the exposed part of the data-parallel gradient
-        reduce-scatter and parameter all-gather (one bucket, the rest overlapping the backward
-        pass), then the optimizer step.  ``kinds``: the stage's layers per kind."""
+        reduce-scatter and parameter all-gather, then the optimizer step.  ``kinds``: the stage's
+        layers per kind; ``forward``/``backward``: one micro-batch's forward and backward time on the
+        stage (ms), the only computation Megatron overlaps them with (:func:`exposed`)."""
         tr, dev = self.training, self.device
         dense = sum(n * self.params.get(k, 0.0) for k, n in kinds.items())
         expert = sum(n * self.expert_params.get(k, 0.0) for k, n in kinds.items())
-        out = 0.0
+        grads = gather = buckets = 0.0
         for count, group, size in ((dense, "dp", tr.dp * tr.cp), (expert, "edp", tr.expert_data_parallel)):
             if count and size > 1:
-                link = links(dev, tr, group)
-                bucket = min(count, BUCKET_PARAMS)
-                out += all_gather(FP32 * bucket, size, link) + all_gather(ACT * bucket, size, link)
+                link, k = links(dev, tr, group), math.ceil(count / BUCKET_PARAMS)
+                grads += k * all_gather(FP32 * count / k, size, link)
+                gather += k * all_gather(ACT * count / k, size, link)
+                buckets += k
+        out = exposed(grads, buckets, backward / MS) + exposed(gather, buckets, forward / MS)
         shards = tr.shards()
         out += dev.memory_seconds(ADAM_BYTES * (dense / shards + expert / max(tr.expert_data_parallel, 1)))
         return out * MS
@@ -66,6 +72,15 @@ class ModelCosts:
         """Model FLOPs of an iteration over the whole cluster for layers counted per kind."""
         per_replica = sum(n * self.flops.get(k, 0.0) for k, n in kinds.items())
         return per_replica * self.micro_batches * self.training.dp
+
+
+def exposed(comm: float, buckets: float, window: float) -> float:
+    """Seconds of ``comm``, sent in ``buckets`` equal buckets, left over after a computation of
+    ``window`` seconds that readies the buckets at an even pace: the last bucket at least (it is
+    ready only when the computation ends), and all that does not fit beside the computation."""
+    if comm <= 0 or buckets <= 0:
+        return 0.0
+    return max(comm / buckets, comm - window * (buckets - 1) / buckets)
 
 
 def options(cost: LayerCost, device: Device) -> list[LayerOption]:
@@ -197,7 +212,8 @@ def build(arch: Architecture, tr: Training, device: Device, capacity: float, mic
     if tr.pp > 1:
         activation = ACT * tr.seq * tr.micro_batch / tr.cp * arch.hidden
         p2p = send(activation / tr.tp if tr.sequence_parallel else activation, links(device, tr, "pp")) * MS
-    costs = ModelCosts(device, tr, micro_batches, flops, params, expert, p2p, window=arch.window)
+    costs = ModelCosts(device, tr, micro_batches, flops, params, expert, p2p, window=arch.window,
+                       mtp=arch.mtp if arch.vocab else 0)
     return PipelineModel(kinds, fronts, static, capacity, micro_batches, reserved, costs=costs)
 
 

@@ -29,7 +29,8 @@ class Training:
     """How a model is trained (see the module docstring).  ``expert_tensor_parallel`` None means
     Megatron's default: the TP size.  ``param_bytes``: weights plus gradients per parameter
     (bf16 weights, fp32 main gradients: 6); ``optimizer_bytes``: fp32 master weights and two
-    Adam moments (12), divided over the data-parallel ranks with the distributed optimizer."""
+    Adam moments (12), divided over the data-parallel ranks with the distributed optimizer;
+    ``tp_comm_overlap``: TP collectives overlapped with the GEMMs (Megatron's ``--tp-comm-overlap``)."""
 
     seq: int
     micro_batch: int = 1
@@ -43,11 +44,12 @@ class Training:
     distributed_optimizer: bool = True
     param_bytes: float = 6.0
     optimizer_bytes: float = 12.0
+    tp_comm_overlap: bool = False
 
     def __post_init__(self):
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name in ("sequence_parallel", "distributed_optimizer"):
+            if f.name in ("sequence_parallel", "distributed_optimizer", "tp_comm_overlap"):
                 if not isinstance(value, bool):
                     raise ValueError(f"training.{f.name} must be true or false, got {value!r}")
             elif f.name.endswith("_bytes"):
@@ -59,6 +61,9 @@ class Training:
                     raise ValueError(f"training.{f.name} must be an integer from 1 to {high:,}, got {value!r}")
         if self.seq % self.context_parallel:
             raise ValueError(f"training.seq: {self.seq} is not divisible by context_parallel={self.context_parallel}")
+        if self.tp_comm_overlap and self.tensor_parallel > 1 and not self.sequence_parallel:
+            raise ValueError("training.tp_comm_overlap: Megatron overlaps TP communication only with sequence "
+                             "parallelism (sequence_parallel)")
 
     def sequence_rule(self) -> str | None:
         """What Megatron refuses about the sequence length for these sizes, or None: with CP > 1 it
@@ -154,10 +159,23 @@ class Links:
     latency: float
 
 
+#: Groups whose messages are NCCL collectives (rings): spanning nodes, their rings cross between
+#: nodes once per channel, over as many of the node's network ports as the group has ranks there.
+COLLECTIVE_GROUPS = frozenset({"tp", "etp", "dp", "edp"})
+
+
 def links(device: Device, training: Training, group: str) -> Links:
-    """What a group talks over: the network when it spans nodes, else the node's links."""
+    """What a group talks over: the node's links when its ranks fit in one node; otherwise the
+    network, at one port's bandwidth per rank of the group on a node for collectives (NCCL runs a
+    ring per port), capped by the node's links, and at one port's for the rest (all-to-all, sends:
+    each rank's own traffic leaves through its own port)."""
     if training.spans_nodes(group, device.gpus_per_node):
-        return Links(device.inter_bandwidth * device.link_efficiency, device.inter_latency)
+        ports = 1
+        if group in COLLECTIVE_GROUPS:
+            stride, size = training.stride(group)
+            ports = max(1, min(size, device.gpus_per_node // stride))
+        bandwidth = min(ports * device.inter_bandwidth, max(device.intra_bandwidth, device.inter_bandwidth))
+        return Links(bandwidth * device.link_efficiency, device.inter_latency)
     return Links(device.intra_bandwidth * device.link_efficiency, device.intra_latency)
 
 

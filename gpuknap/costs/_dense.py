@@ -61,6 +61,7 @@ class TransformerConfig:
     pipeline_parallel: int = 1
     dropout: bool = False
     layernorm: bool = False
+    tp_comm_overlap: bool = False
 
     def __post_init__(self):
         for f in fields(self):
@@ -116,7 +117,7 @@ class TransformerConfig:
                         context_parallel=self.context_parallel, data_parallel=self.data_parallel,
                         pipeline_parallel=self.pipeline_parallel, sequence_parallel=self.sequence_parallel,
                         distributed_optimizer=self.shard_optimizer, param_bytes=self.param_bytes,
-                        optimizer_bytes=self.optimizer_bytes)
+                        optimizer_bytes=self.optimizer_bytes, tp_comm_overlap=self.tp_comm_overlap)
 
     def device_of(self) -> Device:
         return device(self.device, peak_flops=self.peak_flops, efficiency=self.efficiency,

@@ -68,6 +68,7 @@ def run_of(model: Any, counts: Sequence[int], names: Sequence[str], chunks: int,
     parts = [dict.fromkeys(COMPONENTS, 0.0) for _ in range(p)]
     kinds: list[dict] = [{} for _ in range(p)]
     busy = [0.0] * p
+    windows = [[0.0, 0.0] for _ in range(p)]  # one micro-batch's forward and backward on each stage
     by_name = {kind: {getattr(o, "name", None): o for o in model.fronts[kind]} for kind in model.kind_order}
     m = model.micro_batches
     for i in range(len(counts)):
@@ -77,9 +78,11 @@ def run_of(model: Any, counts: Sequence[int], names: Sequence[str], chunks: int,
             option = by_name[kind][names[layer]]
             kinds[s][kind] = kinds[s].get(kind, 0) + 1
             busy[s] += m * (option.forward_time + option.backward_time) * unit
+            windows[s][0] += option.forward_time
+            windows[s][1] += option.backward_time
             for key, value in getattr(option, "parts", ()):
                 parts[s][key] += value * m * unit
-    tails = [costs.tail(k) * unit for k in kinds]
+    tails = [costs.tail(k, *w) * unit for k, w in zip(kinds, windows)]
     span *= unit
     send = pipeline_send(model, p)
     iteration = max(span + t for t in tails)

@@ -113,21 +113,30 @@ def attention(arch: Architecture, tr: Training, device: Device) -> dict:
         out["params_whole"] += h
     out["stream"] = (out["core_stream"] + held * h * (4 + (7 if arch.dropout else 6))  # norm, bias-dropout-add
                      + out.pop("extra_stream", 0.0))
-    out["comm"] = _block_comm(full, tr, device)
+    out["comm"] = _block_comm(full, tr, device, out["matmul"] - core)
     return out
 
 
-def _block_comm(full: float, tr: Training, device: Device) -> tuple[float, float]:
-    """TP collectives of one block (attention or MLP): forward, backward seconds.  With sequence
-    parallelism an all-gather in and a reduce-scatter out, and in the backward their transposes
-    plus the all-gather again for the weight gradients; without, one all-reduce each way."""
+def _block_comm(full: float, tr: Training, device: Device, gemm: float) -> tuple[float, float]:
+    """Exposed TP collectives of one block (attention or MLP) whose linear layers run ``gemm``
+    FLOPs forward: forward, backward seconds.  With sequence parallelism an all-gather in and a
+    reduce-scatter out, and in the backward their transposes plus the all-gather again for the
+    weight gradients; without, one all-reduce each way.  With ``tp_comm_overlap`` (Megatron's
+    ``--tp-comm-overlap``: Transformer Engine splits each GEMM and its collective into chunks)
+    only what exceeds the block's GEMMs is exposed: the forward's, twice that backward (data and
+    weight gradients)."""
     if tr.tp == 1:
         return 0.0, 0.0
     link = links(device, tr, "tp")
     if tr.sequence_parallel:
         one = all_gather(full, tr.tp, link)
-        return 2 * one, 3 * one
-    return all_reduce(full, tr.tp, link), all_reduce(full, tr.tp, link)
+        forward, backward = 2 * one, 3 * one
+    else:
+        forward = backward = all_reduce(full, tr.tp, link)
+    if tr.tp_comm_overlap:
+        hide = device.matmul_seconds(gemm)
+        forward, backward = max(forward - hide, 0.0), max(backward - 2 * hide, 0.0)
+    return forward, backward
 
 
 def dense_mlp(arch: Architecture, tr: Training, device: Device, ffn: int) -> dict:
@@ -145,7 +154,7 @@ def dense_mlp(arch: Architecture, tr: Training, device: Device, ffn: int) -> dic
     bias = (mats - 1) * f if arch.mlp_bias else 0.0  # column-parallel biases split over TP; fc2's whole
     return {"params": mats * h * f + bias, "params_whole": _norm_params(arch) + (h if arch.mlp_bias else 0.0),
             "matmul": 2 * n * mats * h * f,
-            "act": act, "stream": stream, "comm": _block_comm(full, tr, device),
+            "act": act, "stream": stream, "comm": _block_comm(full, tr, device, 2 * n * mats * h * f),
             "model_flops": 2 * s * b * mats * h * ffn}
 
 

@@ -29,7 +29,7 @@ READ = {
     "--expert-tensor-parallel-size": 1, "--sequence-parallel": 0, "--micro-batch-size": 1,
     "--global-batch-size": 1, "--seq-length": 1, "--use-distributed-optimizer": 0, "--moe-grouped-gemm": 0,
     "--mtp-num-layers": 1, "--no-overlap-p2p-communication": 0, "--encoder-seq-length": 1, "--window-size": 1,
-    "--cp-comm-type": "*", "--tp-comm-overlap": 0,
+    "--cp-comm-type": "*", "--tp-comm-overlap": 0, "--overlap-grad-reduce": 0, "--overlap-param-gather": 0,
     # read to be refused: they conflict with a layout, or change what gpuknap models
     "--decoder-first-pipeline-num-layers": 1, "--decoder-last-pipeline-num-layers": 1,
     "--account-for-embedding-in-pipeline-split": 0, "--account-for-loss-in-pipeline-split": 0,
@@ -67,13 +67,13 @@ _NAME = re.compile(r"[a-z_][a-z0-9_+]*")  # module names, exchange types (a2a+p2
 
 def arguments(text: str, path: str) -> dict[str, tuple[list[str], int]]:
     """The read flags of a text: ``{flag: (values, line)}`` (see the module docstring)."""
-    tokens = words(text, path)
+    tokens = words(text, path, ends=True)  # (None, line) ends each command
     out: dict[str, tuple[list[str], int]] = {}
     i = 0
     while i < len(tokens):
         word, line = tokens[i]
         i += 1
-        if not word.startswith("--") or word == "--":
+        if word is None or not word.startswith("--") or word == "--":
             continue
         flag, eq, value = word.partition("=")
         if flag in NOT_FLAGS:
@@ -96,23 +96,24 @@ def arguments(text: str, path: str) -> dict[str, tuple[list[str], int]]:
         elif eq:
             values = [value]
         elif arity == 1:
-            if i >= len(tokens) or tokens[i][0].startswith("--"):
+            if i >= len(tokens) or tokens[i][0] is None or tokens[i][0].startswith("--"):
                 raise ValueError(f"{path}: line {line}: {flag}: the value is missing")
             values = [tokens[i][0]]
             if values[0].startswith("-") and not _NUMBER.fullmatch(values[0]):
                 raise ValueError(f"{path}: line {line}: {flag} {values[0]}: Megatron's parser takes {values[0]!r} after "
                                  f"a space for a flag (argparse before Python 3.14); write {flag}={values[0]}")
             i += 1
-        else:  # names up to the next flag, in this command
+        else:  # argparse's nargs="+": every word up to the next flag or the command's end (lines of an array too)
             values = []
-            while i < len(tokens) and tokens[i][1] == line and _NAME.fullmatch(tokens[i][0]):
+            while i < len(tokens) and tokens[i][0] is not None and not tokens[i][0].startswith("-"):
                 values.append(tokens[i][0])
                 i += 1
-            if not values:  # argparse's nargs="+"
-                after = tokens[i][0] if i < len(tokens) and tokens[i][1] == line else ""
-                got = f", got {after!r}, not one (lowercase letters, digits, _ and +)" \
-                    if after and not after.startswith("--") else ""
-                raise ValueError(f"{path}: line {line}: {flag}: Megatron needs at least one name after it{got}")
+            if not values:
+                raise ValueError(f"{path}: line {line}: {flag}: Megatron needs at least one name after it")
+            wrong = [v for v in values if not _NAME.fullmatch(v) and "$" not in v and "`" not in v]
+            if wrong:
+                raise ValueError(f"{path}: line {line}: {flag}: got {wrong[0]!r}, not a name (lowercase letters, "
+                                 "digits, _ and +); Megatron's parser takes every word up to the next flag")
         for v in values:
             if "$" in v or "`" in v:
                 raise ValueError(f"{path}: line {line}: {flag} {v}: a shell variable; gpuknap reads values written "

@@ -95,7 +95,7 @@ DEVICE = {"device": "--device", "gpus_per_node": "--gpus-per-node", "efficiency"
           "device_fields": "--device-field"}
 #: Keywords for a run as it was run: every decoder layer's option.
 RECOMPUTE = ("none", "selective", "full")
-BOOLEANS = ("sequence_parallel",)
+BOOLEANS = ("sequence_parallel", "tp_comm_overlap")
 
 
 def _training(training: dict, arg: Fields) -> dict:

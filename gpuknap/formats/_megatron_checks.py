@@ -166,11 +166,18 @@ def check_arguments(args: dict, path: str) -> dict:
             raise ValueError(f"{path}: line {line}: --cp-comm-type: {len(types)} types; Megatron takes one for every "
                              f"layer or one per layer (--num-layers {num_layers})")
         run["cp_comm"] = tuple(types)
-    if "--tp-comm-overlap" in args:  # arguments.py asserts sequence parallelism with it; gpuknap does not model it
+    if "--tp-comm-overlap" in args:  # arguments.py asserts sequence parallelism with it
         if whole and "--sequence-parallel" not in args:
             _refuse(args, "--tp-comm-overlap", path, "Megatron overlaps TP communication only with "
                                                      "--sequence-parallel (arguments.py asserts it)")
         run["tp_comm_overlap"] = True
+    elif whole:
+        run["tp_comm_overlap"] = False
+    if "--overlap-param-gather" in args and whole and not {"--use-distributed-optimizer", "--overlap-grad-reduce"} <= set(args):
+        _refuse(args, "--overlap-param-gather", path, "Megatron gathers parameters overlapped only with "
+                "--use-distributed-optimizer and --overlap-grad-reduce (arguments.py asserts both)")
+    if whole:  # said by the command, which knows whether the run has data parallelism
+        run["overlap_grad_reduce"] = "--overlap-grad-reduce" in args
     window = _window(args, path)
     if window is not None:
         run["window"], run["sliding"] = window
@@ -180,6 +187,10 @@ def check_arguments(args: dict, path: str) -> dict:
         _refuse(args, "--seq-length", path, "Megatron refuses it beside --encoder-seq-length (one is the other)")
         run["seq"] = _int(args, "--encoder-seq-length", path)
     mtp = _int(args, "--mtp-num-layers", path, low=0) or 0
+    if mtp and granularity == "full" and method == "uniform" and num != 1:
+        _refuse(args, "--recompute-num-layers", path, f"{num} with --recompute-method uniform and --mtp-num-layers: "
+                "Megatron's MTP layer recomputes only groups of 1 (multi_token_prediction.py asserts "
+                "recompute_num_layers == 1)")
     return {"stages": _int(args, "--pipeline-model-parallel-size", path) or 1,
             "layout": args["--pipeline-model-parallel-layout"][0][0], "num_layers": num_layers, "mtp": mtp,
             "granularity": granularity, "modules": list(modules) if granularity == "selective" else [],
@@ -218,6 +229,8 @@ def run_flags(run: Any) -> list[str]:
     out = [f"--tensor-model-parallel-size {run.tp}"]
     if run.sequence_parallel and run.tp > 1:  # Megatron turns it off itself at TP 1
         out.append("--sequence-parallel")
+        if run.tp_comm_overlap:
+            out.append("--tp-comm-overlap")
     out.append(f"--context-parallel-size {run.cp}")
     if run.moe:  # grouped GEMM: the experts' matrices as the cost model runs them; moe_act needs it
         out += [f"--expert-model-parallel-size {run.ep}", f"--expert-tensor-parallel-size {run.etp}",
@@ -226,6 +239,10 @@ def run_flags(run: Any) -> list[str]:
             f"--seq-length {run.seq}"]
     if run.distributed_optimizer:
         out.append("--use-distributed-optimizer")
+    if run.dp * run.cp > 1 or run.tp * run.cp * run.dp > run.ep * run.etp:  # the costs overlap DP communication
+        out.append("--overlap-grad-reduce")
+        if run.distributed_optimizer:  # arguments.py: the parameter gather needs both of these
+            out.append("--overlap-param-gather")
     if run.window:  # a causal window of W keys: the query and W - 1 before it
         out.append(f"--window-size {run.window - 1},0")
         if run.cp > 1:  # Transformer Engine refuses a window over p2p, Megatron's default exchange
@@ -242,6 +259,8 @@ def conflicts(plan: Any, setting: Any) -> list[str]:
         drop.append("--sequence-parallel")
     if run is not None and not run.distributed_optimizer:
         drop.append("--use-distributed-optimizer")
+    if run is not None and not (run.tp_comm_overlap and run.sequence_parallel and run.tp > 1):
+        drop.append("--tp-comm-overlap")
     if not plan.mtp:
         drop.append("--mtp-num-layers")
     if run is not None:

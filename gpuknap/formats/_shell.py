@@ -162,8 +162,9 @@ def commands(text: str, path: str) -> list[tuple[list[str], int, int, int]]:
     return out
 
 
-def words(text: str, path: str) -> list[tuple[str, int]]:
-    """The words a script passes, with the line each was written on (the module docstring)."""
+def words(text: str, path: str, ends: bool = False) -> list[tuple[str | None, int]]:
+    """The words a script passes, with the line each was written on (the module docstring); with
+    ``ends``, a ``(None, line)`` after each command's words (a command may span lines: an array)."""
     out: list[tuple[str, int]] = []
     stored: dict[str, list[tuple[str, int]]] = {}
     passed: set[str] = set()
@@ -237,7 +238,7 @@ def words(text: str, path: str) -> list[tuple[str, int]]:
         if led and not depth and stray is None:
             stray = passed_words[0]
         ran = ran or bool(program) and not led and not _ASSIGN.fullmatch(program[0]) and program[0] not in _KEYWORDS
-        out += passed_words
+        out += passed_words + ([(None, line)] if ends and passed_words else [])
     if ran and stray is not None:  # a script whose program runs: a line of flags is a command of its own
         raise ValueError(f"{path}: line {stray[1]}: {stray[0]}: bash runs this line as a command of its own (the "
                          "line before does not end with a backslash, or has a space or an empty line after it), so "
@@ -245,7 +246,7 @@ def words(text: str, path: str) -> list[tuple[str, int]]:
     if not ran:  # only definitions: a block of them (as gpuknap writes one), read as written
         for held in stored.values():
             if any(_FLAG.search(w) for w, _ in held):
-                out += held
+                out += held + ([(None, held[-1][1])] if ends else [])
     return out
 
 

@@ -30,7 +30,8 @@ class Run:
     told): tensor, context, expert and expert-tensor parallel sizes, data-parallel replicas,
     pipeline stages, sequence length, samples per micro-batch, micro-batches per iteration,
     sequence parallelism, the distributed optimizer, whether the model has MoE layers, and the
-    sliding window its attention was costed with (keys a query attends to; None: all)."""
+    sliding window its attention was costed with (keys a query attends to; None: all), and whether
+    TP communication was costed overlapped with the GEMMs (Megatron's ``--tp-comm-overlap``)."""
 
     tp: int
     cp: int
@@ -45,6 +46,7 @@ class Run:
     distributed_optimizer: bool
     moe: bool
     window: int | None = None
+    tp_comm_overlap: bool = False
 
     @property
     def global_batch(self) -> int:
@@ -64,7 +66,8 @@ def run_of(model: Any, stages: int) -> Run | None:
         return None
     moe = any("MOEACT" in {getattr(o, "name", None) for o in model.fronts[k]} for k in decoder_kinds(model))
     return Run(tr.tp, tr.cp, tr.ep, tr.etp, tr.dp, stages, tr.seq, tr.micro_batch, model.micro_batches,
-               bool(tr.sequence_parallel), bool(tr.distributed_optimizer), moe, getattr(costs, "window", None))
+               bool(tr.sequence_parallel), bool(tr.distributed_optimizer), moe, getattr(costs, "window", None),
+               bool(tr.tp_comm_overlap))
 
 
 def roles(model: Any) -> list[str]:

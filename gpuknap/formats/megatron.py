@@ -206,6 +206,9 @@ def dump(plan: FrameworkPlan) -> str:
     if run is not None and plan.chunks > 1 and run.micro_batches % plan.stages:
         raise ValueError(f"micro_batches: Megatron's interleaved schedule runs a multiple of the pipeline size "
                          f"({plan.stages}) micro-batches in groups of that size; {run.micro_batches} is not one")
+    if run is not None and run.moe and run.tp > 1 and not run.sequence_parallel:
+        raise ValueError("sequence_parallel: Megatron's MoE layers refuse tensor parallelism without sequence "
+                         "parallelism (MoELayer.forward raises when training so)")
     chosen, ev = _closest(plan)
     lines = [f"# gpuknap plan for {plan.name}: {plan.stages} pipeline stages"
              + (f" x {plan.chunks} virtual stages" if plan.chunks > 1 else "")

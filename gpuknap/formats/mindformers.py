@@ -86,6 +86,9 @@ def dump(plan: FrameworkPlan) -> str:
     if run is not None and run.moe and run.tp > 1 and not run.sequence_parallel:
         raise ValueError("sequence_parallel: MindFormers refuses MoE layers with model_parallel > 1 without "
                          "use_seq_parallel (tools/check_rules.py)")
+    if run is not None and run.tp_comm_overlap and run.tp > 1:
+        raise ValueError("tp_comm_overlap: the plan hides TP communication behind the GEMMs as Megatron's "
+                         "--tp-comm-overlap does, which MindFormers' settings cannot state; plan without it")
 
     def show(values: tuple) -> str:
         return json.dumps(_lists(values, p, v))

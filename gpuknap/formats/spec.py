@@ -285,7 +285,8 @@ def _device(f: Fields, preset: str | None, fields_: dict, training: dict) -> Any
 #: Keyword -> TransformerConfig field of the training keywords a transformer section takes.
 CONFIG_OF = {"seq": "seq", "micro_batch": "micro_batch", "tensor_parallel": "tensor_parallel",
              "context_parallel": "context_parallel", "data_parallel": "data_parallel",
-             "pipeline_parallel": "pipeline_parallel", "sequence_parallel": "sequence_parallel"}
+             "pipeline_parallel": "pipeline_parallel", "sequence_parallel": "sequence_parallel",
+             "tp_comm_overlap": "tp_comm_overlap"}
 
 
 def trained(config: TransformerConfig, training: dict, stages: int | None) -> TransformerConfig:

@@ -125,8 +125,10 @@ def framework_rule(model: Any, framework: str, longest: int | None = None) -> Ru
                 out.append(Pattern(("selective", mods), (), (entry,)))
         out.append(Pattern(("uniform", 1), (), (same("FULL"),)))
         out += [Pattern(("block", n), (same("FULL"),) * n, (same("NONE"),)) for n in range(1, longest)]
+        # Megatron's MTP layer refuses uniform groups of more than one layer (multi_token_prediction.py)
+        mtp = getattr(getattr(model, "costs", None), "mtp", 0)
         out += [Pattern(("uniform", n), (), (same("FULL"),) + (same(GROUPED),) * (n - 1))
-                for n in range(2, longest + 1)]
+                for n in range(2, longest + 1) if not mtp]
         return _checked(Rule(framework, tuple(p for p in out if valid(p)), False), dec, names, "megatron")
     chains = [tuple(n for n in chain if all(n in names[k] for k in dec))
               for chain in ((("FULL", "NONE"),) if costed else CHAINS)]

@@ -59,9 +59,10 @@ class HuggingFaceBuilder:
     layers = None
     shares_layer_times = True
 
-    def __init__(self, data: Any, path: str, capacity: float | None, reserved: float | None, seq: int, device: dict):
+    def __init__(self, data: Any, path: str, capacity: float | None, reserved: float | None, seq: int, device: dict,
+                 training: dict | None = None):
         self.data, self.path, self.capacity, self.reserved, self.seq = data, path, capacity, reserved, seq
-        self.device = device
+        self.device, self.training = device, dict(training or {})
 
     def __call__(self, config: dict) -> PipelineModel:
         dev = device_for(self.device, config)
@@ -72,7 +73,7 @@ class HuggingFaceBuilder:
                            tensor_parallel=config["tensor_parallel"], data_parallel=config["data_parallel"],
                            pipeline_parallel=config["stages"], context_parallel=config.get("context_parallel") or 1,
                            expert_parallel=config.get("expert_parallel") or 1,
-                           expert_tensor_parallel=config.get("expert_tensor_parallel"))
+                           expert_tensor_parallel=config.get("expert_tensor_parallel"), **self.training)
 
 
 def device_for(keywords: dict, config: dict) -> Any:
@@ -83,10 +84,13 @@ def device_for(keywords: dict, config: dict) -> Any:
     return device_of(chosen)
 
 
-def builder_of(source: Any, capacity: Any, reserved: Any, seq: Any, bucket: Any, device: dict | None = None) -> tuple:
+def builder_of(source: Any, capacity: Any, reserved: Any, seq: Any, bucket: Any, device: dict | None = None,
+               training: dict | None = None) -> tuple:
     """``(builder, name, bucket, tokens per sample)`` of a spec or config path; ``device``: the device
-    keywords (``device``, ``gpus_per_node``, ``efficiency``, ``device_fields``).  Capacity and reserved
-    bytes follow each configuration's device when not given."""
+    keywords (``device``, ``gpus_per_node``, ``efficiency``, ``device_fields``); ``training``: Boolean
+    training keywords for every configuration (``tp_comm_overlap``).  Capacity and reserved bytes
+    follow each configuration's device when not given."""
+    training = dict(training or {})
     device = {k: v for k, v in (device or {}).items() if v is not None}
     if not isinstance(source, (str, os.PathLike)):
         raise ValueError(f"source must be a spec path, a config.json path or a callable, got {type(source).__name__}")
@@ -96,7 +100,7 @@ def builder_of(source: Any, capacity: Any, reserved: Any, seq: Any, bucket: Any,
         spec = load_spec(path, capacity=capacity, micro_batches=1, bucket=bucket, reserved=reserved, seq=seq,
                          **device)
         return (HuggingFaceBuilder(data, path, None if capacity is None else spec.model.capacity,
-                                   None if reserved is None else spec.model.reserved, int(seq), device),
+                                   None if reserved is None else spec.model.reserved, int(seq), device, training),
                 spec.name, spec.bucket, int(seq))
     if seq is not None:
         raise ValueError(f"seq (--seq): applies to Hugging Face config.json files only; {path} sets its own")
@@ -105,7 +109,7 @@ def builder_of(source: Any, capacity: Any, reserved: Any, seq: Any, bucket: Any,
                          "needs a spec with a 'transformer' section or a Hugging Face config.json "
                          "(or, from Python, a callable returning a PipelineModel)")
     spec = load_spec(path, capacity=capacity, micro_batches=1, bucket=bucket, reserved=reserved, **device)
-    base = config_from(data["transformer"])
+    base = replace(config_from(data["transformer"]), **training)
     section = data.get("device", {}) if isinstance(data.get("device"), dict) else {}
     own_reserved = reserved is not None or "reserved" in section
     file_device = None

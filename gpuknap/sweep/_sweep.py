@@ -31,17 +31,18 @@ from ._sources import builder_of
 MAX_TOP_ROWS = 1_000
 
 
-def _source(source: Any, capacity: Any, reserved: Any, seq: Any, bucket: Any, device: dict) -> tuple:
+def _source(source: Any, capacity: Any, reserved: Any, seq: Any, bucket: Any, device: dict,
+            training: dict) -> tuple:
     """``(builder(config) -> PipelineModel, name, bucket, tokens per sample or None)``."""
     if callable(source):
-        given = [k for k, v in device.items() if v is not None]
+        given = [k for k, v in {**device, **training}.items() if v is not None]
         given += [k for k, v in (("capacity", capacity), ("reserved", reserved)) if v is not None]
         if given:
             raise ValueError(f"{given[0]}: a callable source builds its models itself; give it the {given[0]} "
                              "there")
         checked = CheckedSource(source)
         return checked, checked.name, MEGABYTE if bucket is None else bucket, seq
-    return builder_of(source, capacity, reserved, seq, bucket, device)
+    return builder_of(source, capacity, reserved, seq, bucket, device, training)
 
 
 class CheckedSource:
@@ -110,7 +111,7 @@ def sweep(source: Any, grid: Mapping, *, gpus: int, global_batch: int, score: st
           max_bytes: int | None = None, time_unit: float = 1e-3, shards: int | None = None, device: Any = None,
           gpus_per_node: int | None = None, efficiency: float | None = None, device_fields: Mapping | None = None,
           expert_parallel: int | None = None, expert_tensor_parallel: int | None = None,
-          context_parallel: int | None = None) -> Sweep:
+          context_parallel: int | None = None, tp_comm_overlap: bool = False) -> Sweep:
     """Score the configurations of ``grid`` on ``gpus`` GPUs at ``global_batch`` samples a step.
 
     ``source``: a spec with a ``transformer`` section, a Hugging Face ``config.json``
@@ -126,7 +127,9 @@ def sweep(source: Any, grid: Mapping, *, gpus: int, global_batch: int, score: st
     worker); None runs in process.  Rows are identical either way.  ``device`` (a preset
     name; ``gpus_per_node``, ``efficiency``, ``device_fields`` override it) is the source's
     device where the grid has no ``device`` list; ``expert_parallel``, ``expert_tensor_parallel``
-    and ``context_parallel`` are one-value grid lists.
+    and ``context_parallel`` are one-value grid lists.  ``tp_comm_overlap``: every configuration
+    overlaps TP communication with its GEMMs (Megatron's ``--tp-comm-overlap``; a spec's
+    transformer section may say so itself).
     """
     if score not in SCORES:
         raise ValueError(f"score must be one of {SCORES} for a sweep (every row carries its simulated time), "
@@ -140,6 +143,8 @@ def sweep(source: Any, grid: Mapping, *, gpus: int, global_batch: int, score: st
             raise ValueError(f"top={top} is over the limit of {MAX_TOP_ROWS:,} rows; give top=None (--all) for "
                              "every row of a smaller grid")
     get_backend(backend)
+    if not isinstance(tp_comm_overlap, bool):
+        raise ValueError(f"tp_comm_overlap must be true or false, got {tp_comm_overlap!r}")
     if max_bytes is not None:
         check_max_bytes(max_bytes)
     if not (isinstance(time_unit, (int, float)) and not isinstance(time_unit, bool) and 0 < time_unit < math.inf):
@@ -148,7 +153,8 @@ def sweep(source: Any, grid: Mapping, *, gpus: int, global_batch: int, score: st
                              "context_parallel": context_parallel})
     keywords = {"device": device, "gpus_per_node": gpus_per_node, "efficiency": efficiency,
                 "device_fields": device_fields}
-    builder, _, bucket, tokens = _source(source, capacity, reserved, seq, bucket, keywords)
+    builder, _, bucket, tokens = _source(source, capacity, reserved, seq, bucket, keywords,
+                                         {"tp_comm_overlap": True} if tp_comm_overlap else {})
     configs, skipped = expand(grid, gpus, global_batch, getattr(builder, "layers", None),
                               MAX_CONFIGS if top is None else MAX_CONFIGS_TOP)
     if not configs:

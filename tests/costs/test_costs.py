@@ -158,7 +158,9 @@ def test_tp_across_nodes_costs_more_than_inside_one():
     inside = options_of(build(arch, Training(seq=4096, tensor_parallel=8), dev, 1e12, 4, 0.0), "dense")["NONE"]
     across = options_of(build(arch, Training(seq=4096, tensor_parallel=16), dev, 1e12, 4, 0.0), "dense")["NONE"]
     tp_in, tp_out = dict(inside.parts)["tp"], dict(across.parts)["tp"]
-    assert tp_out > 4 * tp_in  # the network is 9x slower than NVLink, half the bytes per rank
+    # over the network through 8 ports (8 x 50 GB/s against NVLink's 450), 15 ring steps at 10 us
+    # against 7 at 5 us: slower, but far less than one port's 50 GB/s would make it
+    assert tp_in < tp_out < 2.5 * tp_in
     assert across.time > inside.time / 2 * 1.5
 
 

@@ -78,9 +78,9 @@ MEGATRON_H100 = [
 ]
 
 
-def predict_h100(heads, hidden, layers, tp, pp, global_batch):
+def predict_h100(heads, hidden, layers, tp, pp, global_batch, overlap=True):
     cfg = gpt(layers, hidden, heads, vocab=131072, seq=4096, flash_attention=True, dropout=False, micro_batch=1,
-              tensor_parallel=tp, pipeline_parallel=pp, data_parallel=48, device="h100")
+              tensor_parallel=tp, pipeline_parallel=pp, data_parallel=48, device="h100", tp_comm_overlap=overlap)
     model = fixed(transformer_model(cfg, 80 * GIB, global_batch // 48, 0.0), "none")
     counts = [layers // pp] * pp  # every table row splits evenly
     counts[0] += 1
@@ -90,15 +90,39 @@ def predict_h100(heads, hidden, layers, tp, pp, global_batch):
 
 
 def test_megatron_readme_table_on_h100():
-    """Tensor-parallel 8 rows (h >= 7168) within 8 %, slightly slow (the runs overlap TP
-    communication, which gpuknap exposes); the small TP 1-4 models predicted too fast (one GEMM
-    efficiency for every size: small GEMMs run far below it), never above the device's cap."""
+    """Checked, not fitted (docs/costs.md), with TP communication overlapped as the runs did: the
+    GEMM-bound rows within 25 %, never above the device's cap; the smallest models fast (one GEMM
+    efficiency for every size); without the overlap every TP > 1 row slower."""
     cap = device("h100").efficiency
+    errors = {}
     for name, heads, hidden, layers, tp, pp, gb, measured in MEGATRON_H100:
         est = predict_h100(heads, hidden, layers, tp, pp, gb)
-        error = est.tflops_per_gpu / measured - 1
+        errors[name] = est.tflops_per_gpu / measured - 1
         assert est.mfu < cap, name
-        if tp == 8:
-            assert -0.08 <= error <= 0.0, (name, error)
-        else:
-            assert 0.0 < error <= 0.5, (name, error)
+        if tp > 1:
+            exposed = predict_h100(heads, hidden, layers, tp, pp, gb, overlap=False)
+            assert exposed.iteration_time > est.iteration_time, name
+        if tp >= 4:
+            assert -0.25 <= errors[name] <= 0.2, (name, errors[name])
+    assert 0.3 < errors["1.7B"] < 0.5 and 0.15 < errors["7.1B"] < 0.35, errors
+
+
+def test_data_parallel_communication_hides_only_behind_one_micro_batch():
+    """The exposed gradient reduce-scatter and parameter all-gather grow as the micro-batches an
+    iteration runs shrink, and never fall below one bucket's."""
+    from gpuknap.costs._build import BUCKET_PARAMS, exposed  # noqa: PLC0415
+
+    assert exposed(10.0, 10, 0.0) == 10.0  # nothing to hide behind
+    assert exposed(10.0, 10, 100.0) == 1.0  # the last bucket only
+    assert exposed(10.0, 10, 5.0) == 10.0 - 4.5
+    tails = []
+    for gb in (48, 96, 192, 384):  # DP 48: 1, 2, 4, 8 micro-batches, one micro-batch's backward each
+        est = predict_h100(56, 7168, 48, 8, 1, gb)
+        tails.append(est.breakdown["dp"])
+    assert tails[0] == tails[-1]  # the window is one micro-batch whatever the batch
+    # 32B at TP 8: about 3.94e9 parameters per rank; over 48 ranks, one per node, at 40 GB/s the fp32
+    # reduce-scatter takes about 0.39 s and the bf16 gather 0.19 s, plus 99 buckets' ring latencies
+    # (0.05 s each way); one micro-batch's backward and forward hide about 0.15 s of them (one
+    # bucket's worth was all that was exposed before 2026-12-02)
+    assert 0.4 < tails[0] < 0.6, tails
+    assert tails[0] > 20 * (BUCKET_PARAMS * 6 / 40e9)

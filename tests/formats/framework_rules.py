@@ -25,7 +25,8 @@ import numpy as np
 SWITCHES = {"--sequence-parallel", "--use-distributed-optimizer", "--moe-grouped-gemm",
             "--no-overlap-p2p-communication",  # store_false into overlap_p2p_comm: the overlap is on by default
             "--recompute-activations", "--account-for-embedding-in-pipeline-split",
-            "--account-for-loss-in-pipeline-split"}
+            "--account-for-loss-in-pipeline-split", "--overlap-grad-reduce", "--overlap-param-gather",
+            "--tp-comm-overlap"}
 INTS = {"--num-layers", "--pipeline-model-parallel-size", "--tensor-model-parallel-size", "--context-parallel-size",
         "--expert-model-parallel-size", "--expert-tensor-parallel-size", "--micro-batch-size", "--global-batch-size",
         "--seq-length", "--mtp-num-layers", "--recompute-num-layers", "--decoder-first-pipeline-num-layers",
@@ -87,6 +88,11 @@ def megatron_validate(ns: dict, world_size: int) -> dict:
     set_vpp = [ns["--num-layers-per-virtual-pipeline-stage"], ns["--num-virtual-stages-per-pipeline-rank"],
                ns["--pipeline-model-parallel-layout"]]
     assert sum(x is not None for x in set_vpp) <= 1, "arguments.py: at most one virtual-stage setting"
+    if ns["--overlap-param-gather"]:
+        assert ns["--use-distributed-optimizer"] and ns["--overlap-grad-reduce"], \
+            "arguments.py: --overlap-param-gather only with the distributed optimizer and --overlap-grad-reduce"
+    if ns["--tp-comm-overlap"]:
+        assert ns["--sequence-parallel"], "arguments.py: --tp-comm-overlap needs sequence parallelism"
     layout = ns["--pipeline-model-parallel-layout"]
     assert layout is not None
     stages = expand_layout(layout)

@@ -384,3 +384,67 @@ def test_a_variable_set_inside_an_if_is_refused_where_used(capsys, tmp_path):
     script = (f'if [ "$AC" = full ]; then\n  R="{RECOMPUTE}"\nelse\n  R=""\nfi\n'
               f"torchrun x.py {SCRIPT_RUN} $R\n")
     refused(capsys, tmp_path, script, ["line 6", "$R is set inside an if or case block", "line 4"], "run.sh")
+
+
+def test_modules_over_the_lines_of_an_array_are_all_passed(tmp_path):
+    """argparse's nargs="+" takes every word up to the next flag: in a bash array the names may sit
+    on lines of their own (bash passes them all)."""
+    one_line = read_settings(_write(tmp_path, "a.sh", "A=(" + SCRIPT_RUN + "\n  --moe-grouped-gemm --recompute-granularity selective\n"
+                                    "  --recompute-modules core_attn moe_act\n)\ntorchrun pretrain_gpt.py \"${A[@]}\"\n"))
+    split = read_settings(_write(tmp_path, "b.sh", "A=(" + SCRIPT_RUN + "\n  --moe-grouped-gemm --recompute-granularity selective\n"
+                                 "  --recompute-modules core_attn\n      moe_act\n)\ntorchrun pretrain_gpt.py \"${A[@]}\"\n"))
+    own = read_settings(_write(tmp_path, "c.sh", "A=(" + SCRIPT_RUN + "\n  --moe-grouped-gemm --recompute-granularity selective\n"
+                               "  --recompute-modules\n  core_attn\n  moe_act\n)\ntorchrun pretrain_gpt.py \"${A[@]}\"\n"))
+    assert one_line.modules == split.modules == own.modules == {"core_attn", "moe_act"}
+    # a command's end still ends the names: the next command's words are not taken
+    ends = read_settings(_write(tmp_path, "d.sh", "torchrun pretrain_gpt.py " + SCRIPT_RUN +
+                                " --recompute-granularity selective --recompute-modules core_attn\necho done\n"))
+    assert ends.modules == {"core_attn"}
+    with pytest.raises(ValueError, match="'Core_Attn', not a name"):  # argparse passes it; Megatron refuses it
+        read_settings(_write(tmp_path, "e.sh", SCRIPT_RUN + " --recompute-granularity selective "
+                             "--recompute-modules core_attn Core_Attn\n"))
+
+
+DSV3 = os.path.join(EXAMPLES, "deepseek_v3_small_config.json")
+
+
+def test_mtp_runs_only_uniform_groups_of_one(capsys, tmp_path):
+    """multi_token_prediction.py asserts recompute_num_layers == 1 under uniform recompute: settings
+    with MTP layers and larger groups are refused, and the constrained search never writes them."""
+    import json  # noqa: PLC0415
+
+    from gpuknap.search._patterns import framework_rule  # noqa: PLC0415
+
+    config = tmp_path / "mtp.json"
+    config.write_text(json.dumps({**json.load(open(DSV3)), "num_nextn_predict_layers": 1}))
+    base = ("--num-layers 16 --pipeline-model-parallel-size 2 --pipeline-model-parallel-layout 'Et*8|t*8mL' "
+            "--mtp-num-layers 1 --recompute-granularity full --recompute-method uniform --recompute-num-layers ")
+    with pytest.raises(ValueError, match="MTP layer recomputes only groups of 1"):
+        read_settings(_write(tmp_path, "u2.txt", base + "2\n"))
+    assert read_settings(_write(tmp_path, "u1.txt", base + "1\n")).num == 1
+    kwargs = dict(micro_batches=8, seq=4096, tensor_parallel=2, expert_parallel=4, expert_tensor_parallel=1,
+                  data_parallel=2, stages=2)
+    with_mtp = load_spec(str(config), capacity="80GiB", **kwargs).model
+    without = load_spec(DSV3, capacity="80GiB", **kwargs).model
+    methods = {p.setting[:2] for p in framework_rule(with_mtp, "megatron").patterns}
+    assert ("uniform", 1) in methods and not [m for m in methods if m[0] == "uniform" and m[1] > 1]
+    assert ("uniform", 2) in {p.setting[:2] for p in framework_rule(without, "megatron").patterns}
+
+
+def test_megatron_moe_with_tp_needs_sequence_parallelism(capsys, tmp_path):
+    """MoELayer.forward raises when training with TP > 1 and no sequence parallelism."""
+    mixtral = os.path.join(EXAMPLES, "mixtral_small_config.json")
+    script = ("--num-layers 16 --pipeline-model-parallel-size 2 --pipeline-model-parallel-layout 'Et*8|t*8L' "
+              "--tensor-model-parallel-size 2 --expert-model-parallel-size 2 --expert-tensor-parallel-size 1 "
+              "--micro-batch-size 1 --global-batch-size 16 --seq-length 4096 --use-distributed-optimizer "
+              "--moe-grouped-gemm\n")
+    refused(capsys, tmp_path, script, ["MoE layers refuse tensor parallelism without --sequence-parallel"],
+            "run.sh", mixtral, "--dp", "2", "--capacity", "80GiB")
+    assert rank(capsys, tmp_path, script.replace("--moe-grouped-gemm", "--moe-grouped-gemm --sequence-parallel"),
+                "--dp", "2", "--capacity", "80GiB", name="run.sh", spec=mixtral)[0] == 0
+    spec = load_spec(mixtral, capacity="80GiB", micro_batches=8, seq=4096, tensor_parallel=2, data_parallel=2,
+                     stages=2, sequence_parallel=False)
+    names = [spec.model.fronts[kind][0].name for kind in spec.model.kinds]
+    plan = framework.framework_plan(spec.model, [9, 9], names, 1, "mixtral")
+    with pytest.raises(ValueError, match="sequence_parallel: Megatron's MoE layers"):
+        megatron.dump(plan)
