@@ -208,6 +208,10 @@ def rank_settings(args: argparse.Namespace, make_spec: Callable[..., Any], emit:
             raise _bad("the settings run without the distributed optimizer, and gpuknap's cost model shards the "
                        "optimizer over data-parallel ranks", source)
         tr = spec.model.costs.training
+        if run.get("vocab_emb_dp") and tr.tp > 1 and "embedding" in spec.model.kind_order:
+            raise _bad("parallel_config.vocab_emb_dp: with one pipeline stage MindFormers keeps the embedding and "
+                       "output layer whole on every model-parallel rank unless it is False; gpuknap costs them split "
+                       "over model_parallel: set vocab_emb_dp: False", source)
         if (isinstance(settings, formats.megatron.Settings) and "moe" in spec.model.kind_order and tr.tp > 1
                 and not tr.sequence_parallel):
             raise _bad("Megatron's MoE layers refuse tensor parallelism without --sequence-parallel (MoELayer.forward "

@@ -42,6 +42,21 @@ class LayerOption:
     excess: tuple = ()
     parts: tuple = ()
 
+    def __post_init__(self):
+        for name in ("per_micro_batch", "held_once"):
+            if isinstance(getattr(self, name), bool):
+                raise ValueError(f"LayerOption.{name} must be a number of bytes, got {getattr(self, name)!r}")
+        excess = self.excess
+        if isinstance(excess, (str, bytes)) or not hasattr(excess, "__iter__"):
+            raise ValueError(f"LayerOption.excess must be a tuple of (in_flight, bytes) pairs, got {excess!r}")
+        pairs = tuple(tuple(pair) if isinstance(pair, (list, tuple)) else pair for pair in excess)
+        for pair in pairs:
+            if not (isinstance(pair, tuple) and len(pair) == 2) or any(isinstance(x, bool) for x in pair):
+                raise ValueError(f"LayerOption.excess must hold (in_flight, bytes) pairs of numbers, got {pair!r}")
+        object.__setattr__(self, "excess", pairs)  # a tuple of its own: the caller's list may change
+        if isinstance(self.parts, list):
+            object.__setattr__(self, "parts", tuple(self.parts))
+
     def memory(self, in_flight: int) -> float:
         """Bytes kept by one layer running this option at ``in_flight``."""
         extra = 0.0
@@ -99,6 +114,14 @@ def check_number(value: Any, field: str, *, allow_inf: bool = False) -> float:
     return value
 
 
+def check_time(value: Any, field: str) -> float:
+    """A time: a finite number from 0 to :data:`MAX_TIME`, else ValueError naming ``field``."""
+    value = check_number(value, field)
+    if not 0 <= value <= MAX_TIME:
+        raise ValueError(f"{field} must be from 0 to {MAX_TIME:g}, got {value!r}")
+    return value
+
+
 def check_layers(group: Any, where: str) -> Layers:
     """Validate one group of layers."""
     if not isinstance(group, Layers):
@@ -149,6 +172,8 @@ def useful_options(kind: Hashable, options: Sequence[Any], in_flight: int,
             raise ValueError(f"{where} is not an option (needs memory(k), forward_time, backward_time)") from exc
         except (TypeError, ValueError, ArithmeticError) as exc:
             raise ValueError(f"{where}.memory({in_flight}) failed: {exc}") from None
+        if isinstance(mem, bool):
+            raise ValueError(f"{where}.memory({in_flight}) must be a number of bytes, got {mem!r}")
         check_number(mem, f"{where}.memory({in_flight})")
         if mem < 0:
             raise ValueError(f"{where}.memory({in_flight}) comes out negative ({mem!r} bytes)")

@@ -14,7 +14,7 @@ from typing import Any, Hashable, Mapping, Sequence
 import numpy as np
 
 from ._backend import get_backend
-from ._options import MEGABYTE, FrontTable, check_number
+from ._options import MEGABYTE, FrontTable, check_time
 from ._problem import StageProblem, canonical, fronts_of
 from ._results import PipelineChoice, Stage
 from ._solve import check_max_bytes, solve_problems
@@ -99,7 +99,9 @@ class Ranking:
         return self._order
 
     def _index(self, i: int) -> int:
-        if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not -len(self) <= i < len(self):
+        if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
+            raise ValueError(f"candidate index must be an integer, got {i!r}")
+        if not -len(self) <= i < len(self):
             raise IndexError(f"candidate index {i!r} out of range for {len(self)} candidates")
         return int(i) % len(self)
 
@@ -201,7 +203,7 @@ def _dedup(flat: list, offsets: list, table: FrontTable, where: Any) -> tuple:
     key_problem, key_fixed = [], []
     for (groups, budget, fixed), at in index.items():
         try:
-            key_fixed.append(float(check_number(fixed, "fixed_time")))
+            key_fixed.append(float(check_time(fixed, "fixed_time")))
             problem = canonical(groups, budget)
             fronts_of(problem, table)
         except ValueError as exc:
@@ -213,6 +215,8 @@ def _dedup(flat: list, offsets: list, table: FrontTable, where: Any) -> tuple:
 def rank(candidates: Sequence[Sequence[Stage]], fronts: Mapping[Hashable, Sequence[Any]],
          bucket: float = MEGABYTE, backend: str | None = "auto", max_bytes: int | None = None) -> Ranking:
     """Score every candidate exactly as ``pp_lite`` would, in one batch."""
+    if isinstance(fronts, Mapping):  # own copies: the ranking's choices must not follow later edits
+        fronts = {k: tuple(v) if isinstance(v, list) else v for k, v in fronts.items()}
     table = FrontTable(fronts, bucket)
     if max_bytes is not None:
         check_max_bytes(max_bytes)
@@ -232,4 +236,10 @@ def rank(candidates: Sequence[Sequence[Stage]], fronts: Mapping[Hashable, Sequen
     codes = compact_codes(rank_of[stage_keys][objects], len(key_times))
     key_times = key_times[order]
     plan = Planner(fronts, bucket)  # choices of many candidates share their stages
-    return Ranking(codes, key_times, np.asarray(offsets, dtype=np.int64), lambda i: plan(candidates[i]))
+    starts = np.asarray(offsets, dtype=np.int64)
+    held = compact_codes(objects, len(distinct))  # the stage objects as ranked, not the caller's lists
+
+    def rebuild(i: int) -> Any:
+        return plan([distinct[j] for j in held[starts[i]:starts[i + 1]].tolist()])
+
+    return Ranking(codes, key_times, starts, rebuild)

@@ -12,7 +12,7 @@ from typing import Any, Callable, Hashable, Mapping, Sequence
 
 import numpy as np
 
-from ._options import MEGABYTE, Front, FrontTable, Layers, buckets_down, check_number
+from ._options import MEGABYTE, Front, FrontTable, Layers, buckets_down, check_number, check_time
 from ._passes import Segment, pass_level
 from ._problem import (
     FASTEST,
@@ -286,7 +286,7 @@ def check_stages(stages: Any, where: str = "stages") -> tuple:
             raise ValueError(f"{where}[{s}] must be a Stage, got {type(stage).__name__}")
         check_groups(stage.groups, f"{where}[{s}].groups")
         check_number(stage.budget, f"{where}[{s}].budget", allow_inf=True)
-        check_number(stage.fixed_time, f"{where}[{s}].fixed_time")
+        check_time(stage.fixed_time, f"{where}[{s}].fixed_time")
     return tuple(stages)
 
 

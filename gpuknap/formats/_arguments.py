@@ -29,7 +29,7 @@ READ = {
     "--expert-tensor-parallel-size": 1, "--sequence-parallel": 0, "--micro-batch-size": 1,
     "--global-batch-size": 1, "--seq-length": 1, "--use-distributed-optimizer": 0, "--moe-grouped-gemm": 0,
     "--mtp-num-layers": 1, "--no-overlap-p2p-communication": 0, "--encoder-seq-length": 1, "--window-size": 1,
-    "--cp-comm-type": "*", "--tp-comm-overlap": 0, "--overlap-grad-reduce": 0, "--overlap-param-gather": 0,
+    "--cp-comm-type": "*", "--hierarchical-context-parallel-sizes": "*", "--tp-comm-overlap": 0, "--overlap-grad-reduce": 0, "--overlap-param-gather": 0,
     # read to be refused: they conflict with a layout, or change what gpuknap models
     "--decoder-first-pipeline-num-layers": 1, "--decoder-last-pipeline-num-layers": 1,
     "--account-for-embedding-in-pipeline-split": 0, "--account-for-loss-in-pipeline-split": 0,
@@ -63,6 +63,9 @@ NOT_FLAGS = {
 #: What argparse takes for a negative number rather than a flag (``_negative_number_matcher``).
 _NUMBER = re.compile(r"-\d+|-\d*\.\d+")
 _NAME = re.compile(r"[a-z_][a-z0-9_+]*")  # module names, exchange types (a2a+p2p)
+#: Flags taking integers rather than names.
+SIZE_LISTS = ("--hierarchical-context-parallel-sizes",)
+_SIZES = (re.compile(r"\+?\d[\d_]*"), "an integer")
 
 
 def arguments(text: str, path: str) -> dict[str, tuple[list[str], int]]:
@@ -110,10 +113,11 @@ def arguments(text: str, path: str) -> dict[str, tuple[list[str], int]]:
                 i += 1
             if not values:
                 raise ValueError(f"{path}: line {line}: {flag}: Megatron needs at least one name after it")
-            wrong = [v for v in values if not _NAME.fullmatch(v) and "$" not in v and "`" not in v]
+            pattern, what = _SIZES if flag in SIZE_LISTS else (_NAME, "a name (lowercase letters, digits, _ and +)")
+            wrong = [v for v in values if not pattern.fullmatch(v) and "$" not in v and "`" not in v]
             if wrong:
-                raise ValueError(f"{path}: line {line}: {flag}: got {wrong[0]!r}, not a name (lowercase letters, "
-                                 "digits, _ and +); Megatron's parser takes every word up to the next flag")
+                raise ValueError(f"{path}: line {line}: {flag}: got {wrong[0]!r}, not {what}; Megatron's parser "
+                                 "takes every word up to the next flag")
         for v in values:
             if "$" in v or "`" in v:
                 raise ValueError(f"{path}: line {line}: {flag} {v}: a shell variable; gpuknap reads values written "

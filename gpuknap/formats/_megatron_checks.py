@@ -28,6 +28,8 @@ docs/training_settings.md):
 """
 from __future__ import annotations
 
+import math
+
 import re
 from typing import Any
 
@@ -166,6 +168,15 @@ def check_arguments(args: dict, path: str) -> dict:
             raise ValueError(f"{path}: line {line}: --cp-comm-type: {len(types)} types; Megatron takes one for every "
                              f"layer or one per layer (--num-layers {num_layers})")
         run["cp_comm"] = tuple(types)
+        if "a2a+p2p" in types and "--hierarchical-context-parallel-sizes" not in args:
+            raise ValueError(f"{path}: line {line}: --cp-comm-type a2a+p2p: Megatron needs "
+                             "--hierarchical-context-parallel-sizes with it (arguments.py asserts it)")
+    if "--hierarchical-context-parallel-sizes" in args:  # arguments.py: their product is the CP size
+        sizes, line = args["--hierarchical-context-parallel-sizes"]
+        product = math.prod(int(v) for v in sizes)
+        if product != run.get("cp", 1):
+            raise ValueError(f"{path}: line {line}: --hierarchical-context-parallel-sizes {' '.join(sizes)}: Megatron "
+                             f"needs their product ({product}) to be the context-parallel size ({run.get('cp', 1)})")
     if "--tp-comm-overlap" in args:  # arguments.py asserts sequence parallelism with it
         if whole and "--sequence-parallel" not in args:
             _refuse(args, "--tp-comm-overlap", path, "Megatron overlaps TP communication only with "

@@ -183,6 +183,9 @@ def load_data(data: Any, path: str) -> Settings:
     if not isinstance(data, dict):
         raise ValueError(f"{path}: parallel_config.pipeline_stage: missing (not a MindFormers configuration)")
     check_misspelt(data, TOP, TOP_KNOWN, path)
+    if "base_config" in data:  # MindFormerConfig._file2dict merges the files it names under this one
+        raise ValueError(f"{path}: base_config: MindFormers merges the files it names into this one, and gpuknap "
+                         "reads one file: merge them into it (or give the merged configuration)")
     for name, keys in (("parallel_config", PARALLEL_CONFIG), ("recompute_config", RECOMPUTE_CONFIG),
                        ("runner_config", RUNNER_CONFIG)):
         section = data.get(name, {})
@@ -257,7 +260,8 @@ def load_data(data: Any, path: str) -> Settings:
         raise ValueError(f"{path}: model.model_config.offset: the last stage holds {layers[-1]} layers, fewer "
                          f"than the {mtp} MTP layers, which gpuknap places on it")
     clamp = [tuple(min(x, d) for x, d in zip(counts[k], decoders)) for k in lists]
-    return Settings(stages, chunks, num_layers, tuple(decoders), *clamp, mtp, _run(data, config, path), tuple(notes))
+    return Settings(stages, chunks, num_layers, tuple(decoders), *clamp, mtp, _run(data, config, path, stages),
+                    tuple(notes))
 
 
 def _layers(offset: Any, path: str, stages: int, chunks: int, total: int) -> list:
@@ -288,14 +292,25 @@ def _layers(offset: Any, path: str, stages: int, chunks: int, total: int) -> lis
     return layers
 
 
-def _run(data: dict, config: dict, path: str) -> dict:
-    """The run keys given: parallel sizes, micro-batches, sequence parallelism, batch, sequence, optimizer."""
+def _run(data: dict, config: dict, path: str, stages: int) -> dict:
+    """The run keys given: parallel sizes, micro-batches, sequence parallelism, batch, sequence, optimizer.
+    With one pipeline stage MindFormers resets ``micro_batch_num`` to 1 and accumulates
+    ``runner_config.gradient_accumulation_steps`` micro-batches instead (``base_trainer.py``), and
+    keeps the embedding whole on every model-parallel rank unless ``vocab_emb_dp`` is false (it
+    sets it false itself only with more stages: ``core/parallel_config.py``)."""
     pc, out = data.get("parallel_config") or {}, {}
     for key, name in (("data_parallel", "dp"), ("model_parallel", "tp"), ("context_parallel", "cp"),
                       ("expert_parallel", "ep"), ("micro_batch_num", "micro_batches"),
                       ("use_seq_parallel", "sequence_parallel")):
         if key in pc:
             out[name] = pc[key]
+    if stages == 1:
+        out.pop("micro_batches", None)
+        steps = (data.get("runner_config") or {}).get("gradient_accumulation_steps")
+        if steps is not None or "model_parallel" in pc:
+            out["micro_batches"] = 1 if steps is None else steps
+        if "model_parallel" in pc or "vocab_emb_dp" in pc:
+            out["vocab_emb_dp"] = pc.get("vocab_emb_dp", True)
     # switches a file stating the run leaves out are off: MindFormers' defaults (tools/register/template.py)
     if "model_parallel" in pc:
         out.setdefault("sequence_parallel", False)

@@ -86,6 +86,12 @@ def dump(plan: FrameworkPlan) -> str:
     if run is not None and run.moe and run.tp > 1 and not run.sequence_parallel:
         raise ValueError("sequence_parallel: MindFormers refuses MoE layers with model_parallel > 1 without "
                          "use_seq_parallel (tools/check_rules.py)")
+    # with ETP = TP, Megatron's rule (EP x ETP divides TP x CP x DP) is MindFormers' (EP divides DP x CP:
+    # moe.py _check_moe_config)
+    if run is not None and run.moe and run.etp != run.tp:
+        raise ValueError(f"expert_tensor_parallel: MindFormers has no expert tensor-parallel size of its own (its "
+                         f"experts split over model_parallel, {run.tp}); the plan assumed {run.etp}: plan with "
+                         "--etp equal to --tp")
     if run is not None and run.tp_comm_overlap and run.tp > 1:
         raise ValueError("tp_comm_overlap: the plan hides TP communication behind the GEMMs as Megatron's "
                          "--tp-comm-overlap does, which MindFormers' settings cannot state; plan without it")
@@ -115,9 +121,15 @@ def dump(plan: FrameworkPlan) -> str:
         lines += [f"  data_parallel: {run.dp}", f"  model_parallel: {run.tp}", f"  context_parallel: {run.cp}"]
         lines += [f"  expert_parallel: {run.ep}"] if run.moe else []
         lines.append(f"  use_seq_parallel: {run.sequence_parallel and run.tp > 1}")
-    lines += [f"  pipeline_stage: {p}", f"  micro_batch_num: {plan.model.micro_batches}"]
-    if run is not None:
-        lines += ["runner_config:", f"  batch_size: {run.micro_batch}"]
+        # the embedding and output layer split over model_parallel, as costed (MindFormers sets it
+        # false itself only with more than one stage: core/parallel_config.py)
+        lines += ["  vocab_emb_dp: False"] if "embedding" in plan.model.kind_order else []
+    # one stage: MindFormers resets micro_batch_num to 1 and accumulates gradient_accumulation_steps
+    # micro-batches instead (trainer/base_trainer.py)
+    lines += [f"  pipeline_stage: {p}", f"  micro_batch_num: {plan.model.micro_batches if p > 1 else 1}"]
+    if run is not None or p == 1:
+        lines += ["runner_config:"] + ([f"  batch_size: {run.micro_batch}"] if run is not None else [])
+        lines += [f"  gradient_accumulation_steps: {plan.model.micro_batches}"] if p == 1 else []
     lines += ["model:", "  model_config:", f"    num_layers: {st.num_layers}"]
     if run is not None:
         lines.append(f"    seq_length: {run.seq}")

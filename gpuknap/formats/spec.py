@@ -113,6 +113,8 @@ def load_spec(path: str | os.PathLike, *, capacity: Any = None, micro_batches: i
     Hugging Face config is trained (``seq`` required); it is refused for
     other inputs rather than ignored.
     """
+    if not isinstance(path, (str, os.PathLike)):
+        raise ValueError(f"path: expected a file path, got {type(path).__name__}")
     path = os.fspath(path)
     capacity, micro_batches, stages, bucket, reserved, training = check_arguments(
         capacity, micro_batches, stages, bucket, reserved, training)

@@ -109,6 +109,8 @@ def best_splits(model: PipelineModel, stages: int, top: int = 1, score: str = "s
         raise ValueError(f"top={top} is over the limit of {MAX_TOP} splits per search")
     if not isinstance(score, str) or score not in SCORES:
         raise ValueError(f"score must be one of {SCORES}, got {score!r}")
+    if not isinstance(bound, (bool, np.bool_)):
+        raise ValueError(f"bound must be True or False, got {bound!r}")
     if bound and score == "simulated":
         raise ValueError("bound=True certifies the slowest and 1f1b scores; the simulated score has no bound")
     check_bucket(bucket)

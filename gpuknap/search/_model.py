@@ -72,8 +72,11 @@ class PipelineModel:
         object.__setattr__(self, "kinds", kinds)
         if not kinds:
             raise ValueError("kinds must list at least one layer")
-        if not hasattr(self.fronts, "__getitem__") or not hasattr(self.static, "__getitem__"):
+        if not isinstance(self.fronts, Mapping) or not isinstance(self.static, Mapping):
             raise ValueError("fronts and static must be mappings from kind")
+        # own copies: a caller changing its dicts (or option lists) later must not change this model
+        object.__setattr__(self, "fronts", {k: tuple(v) if isinstance(v, list) else v for k, v in self.fronts.items()})
+        object.__setattr__(self, "static", dict(self.static))
         order: list[Hashable] = []
         seen: set = set()
         for i, kind in enumerate(kinds):
@@ -126,6 +129,8 @@ class PipelineModel:
             if chunks > 1:  # Megatron's interleaved schedule: the peak micro-batches alive per chunk
                 return in_flight_table(stages, chunks, self.micro_batches)
             return self.default_in_flight(stages)
+        if isinstance(in_flight, (str, bytes)) or not isinstance(in_flight, (Sequence, np.ndarray)):
+            raise ValueError(f"in_flight must be {stages} rows of {chunks} counts (stages x chunks), got {in_flight!r}")
         table = [list(row) if isinstance(row, (Sequence, np.ndarray)) else [row] for row in in_flight]
         if len(table) != stages or any(len(row) != chunks for row in table):
             raise ValueError(f"in_flight must have {stages} rows of {chunks} counts (stages x chunks)")
@@ -145,7 +150,7 @@ class PipelineModel:
         if not counts or len(counts) % chunks:
             raise ValueError(f"counts must have a positive multiple of chunks={chunks} entries, got {len(counts)}")
         for s, n in enumerate(counts):
-            if not isinstance(n, int) or n < 1:
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
                 raise ValueError(f"counts[{s}] must be an integer >= 1, got {n!r}")
         if sum(counts) != self.layers:
             raise ValueError(f"counts sum to {sum(counts)}, the model has {self.layers} layers")
@@ -280,8 +285,8 @@ class PipelineModel:
 
         plan = Planner(self.fronts, bucket)  # choices of many rows share their stages
 
-        def rebuild(counts: list) -> Any:
-            return plan(self.stages(counts, in_flight, chunks))
+        def rebuild(counts: list) -> Any:  # the validated in-flight table: the caller's may change later
+            return plan(self.stages(counts, table, chunks))
 
         if chunks > 1:  # devices hold several chunks: one stage problem per distinct (stage, segments)
             return rank_interleaved(self, arr, p, chunks, table, bucket, backend, max_bytes, rebuild)

@@ -119,7 +119,8 @@ def _span_bounds(model: Any, inflight: list[int], fronts: FrontTable, index: Kin
     for k in sorted(set(inflight)):
         lightest = np.array([float(fronts.get(kind, k).memories[0]) for kind in index.kinds])
         cost = (index.static + lightest)[index.codes]
-        prefix = np.concatenate(([0.0], np.cumsum(cost)))
+        with np.errstate(over="ignore"):  # absurd memory sums to inf: such layers never fit, as they should not
+            prefix = np.concatenate(([0.0], np.cumsum(cost)))
         reach = prefix + limit + abs(limit) * 1e-9 + 1e-6  # slack for sums in another order
         last = np.searchsorted(prefix, reach, side="right") - 1
         out[np.asarray(inflight) == k] = np.maximum(last - np.arange(n + 1), 0)

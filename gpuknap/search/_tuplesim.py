@@ -171,6 +171,8 @@ def top_interleaved_simulated(model: Any, p: int, chunks: int, top: int, table: 
     def walk(s: int, a: int, state: tuple, picks: list) -> None:
         nonlocal expanded
         if s == p:
+            if a != n:  # the stages left layers over: not a split (its bound is infinite)
+                return
             counts = [0] * (p * chunks)
             for j, (i, x) in enumerate(picks):
                 for c, k in enumerate(x["counts"][i]):
@@ -193,7 +195,7 @@ def top_interleaved_simulated(model: Any, p: int, chunks: int, top: int, table: 
                                    f + pre_b0 + x["b0"][ok] + Q[s + 1][e]])
         rank = np.argsort(bound, kind="stable")
         for r in rank.tolist():
-            if not bound[r] <= tau * (1 + SLACK):
+            if not (bound[r] <= tau * (1 + SLACK) and math.isfinite(bound[r])):  # nothing fits below an infinite one
                 break
             if expanded >= budget:  # the least bound left here bounds every split not seen below it
                 unexplored[0] = min(unexplored[0], float(bound[r]))

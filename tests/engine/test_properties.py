@@ -53,7 +53,10 @@ def maybe_bad_option(draw):
         fields[i] = draw(junk)
     if draw(st.integers(0, 9)) == 0:
         return draw(junk)
-    return LayerOption(*fields)
+    try:
+        return LayerOption(*fields)
+    except ValueError:  # refused at construction (a bool for bytes, a malformed excess): pass the junk on
+        return fields[1]
 
 
 @st.composite

@@ -448,3 +448,54 @@ def test_megatron_moe_with_tp_needs_sequence_parallelism(capsys, tmp_path):
     plan = framework.framework_plan(spec.model, [9, 9], names, 1, "mixtral")
     with pytest.raises(ValueError, match="sequence_parallel: Megatron's MoE layers"):
         megatron.dump(plan)
+
+
+def test_mindformers_one_stage_accumulates_gradients_and_splits_the_vocabulary(capsys, tmp_path):
+    """base_trainer.py resets micro_batch_num to 1 at one stage and runs gradient_accumulation_steps
+    micro-batches; core/parallel_config.py leaves vocab_emb_dp true (the embedding whole) there."""
+    run = ["--micro-batches", "4", "--seq", "4096", "--tp", "4", "--dp", "2", "--quiet"]
+    assert main(["best", LLAMA, "--stages", "1", "--emit", "mindformers", *run]) == 0
+    text = capsys.readouterr().out
+    assert "  micro_batch_num: 1\n" in text and "  gradient_accumulation_steps: 4\n" in text
+    assert "  vocab_emb_dp: False\n" in text
+    path = _write(tmp_path, "mf.yaml", text)
+    assert main(["rank", LLAMA, "--from", path, "--json", "--quiet"]) == 0
+    import json  # noqa: PLC0415
+    assert json.loads(capsys.readouterr().out)["micro_batches"] == 4
+    whole = text.replace("  vocab_emb_dp: False\n", "")
+    refused(capsys, tmp_path, whole, ["vocab_emb_dp", "whole on every model-parallel rank"], "mf.yaml", LLAMA)
+    assert main(["best", LLAMA, "--stages", "2", "--emit", "mindformers", *run]) == 0
+    text = capsys.readouterr().out
+    assert "  micro_batch_num: 4\n" in text and "gradient_accumulation_steps" not in text
+
+
+def test_mindformers_base_config_is_refused(capsys, tmp_path):
+    _write(tmp_path, "base.yaml", "recompute_config: {recompute: True}\n")
+    refused(capsys, tmp_path, "base_config: ['base.yaml']\n" + MF, ["base_config", "merge"], "run.yaml")
+
+
+def test_mindformers_moe_is_written_only_where_it_runs_as_costed(capsys):
+    mixtral = os.path.join(EXAMPLES, "mixtral_small_config.json")
+    run = ["--micro-batches", "8", "--seq", "4096", "--stages", "2", "--quiet", "--emit", "mindformers"]
+    assert main(["best", mixtral, "--tp", "2", "--ep", "2", "--etp", "1", "--dp", "2", *run]) == 2
+    assert "expert_tensor_parallel" in capsys.readouterr().err
+    assert main(["best", mixtral, "--tp", "2", "--ep", "2", "--dp", "2", *run]) == 0
+
+
+def test_a2a_p2p_needs_hierarchical_context_parallel_sizes(tmp_path):
+    run = ("--num-layers 32 --pipeline-model-parallel-size 1 --pipeline-model-parallel-layout 'Et*32L' "
+           "--context-parallel-size 2 --cp-comm-type a2a+p2p")
+    with pytest.raises(ValueError, match="needs --hierarchical-context-parallel-sizes"):
+        read_settings(_write(tmp_path, "a.txt", run + "\n"))
+    assert read_settings(_write(tmp_path, "b.txt", run + " --hierarchical-context-parallel-sizes 2 1\n"))
+    with pytest.raises(ValueError, match=r"product \(4\) to be the context-parallel size \(2\)"):
+        read_settings(_write(tmp_path, "c.txt", run + " --hierarchical-context-parallel-sizes 2 2\n"))
+
+
+def test_an_interleaved_simulated_search_with_nothing_fitting_says_so(capsys):
+    argv = ["best", LLAMA, "--micro-batches", "6", "--seq", "4096", "--micro-batch-size", "2", "--capacity", "20GiB",
+            "--tp", "2", "--stages", "3", "--interleave", "2", "--quiet", "--score"]
+    assert main(argv + ["simulated"]) == 1
+    simulated = capsys.readouterr().out
+    assert main(argv + ["1f1b"]) == 1
+    assert "no feasible split" in simulated and simulated == capsys.readouterr().out
