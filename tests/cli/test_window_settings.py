@@ -167,7 +167,7 @@ def test_context_parallelism_with_a_window_needs_an_exchange_transformer_engine_
     assert "    --cp-comm-type all_gather\n" in text and "Transformer Engine" in text
     script = tmp_path / "run.sh"
     for comm, ok in (("all_gather", True), ("a2a", True), ("p2p", False), (None, False),
-                     (" ".join(["a2a"] * 31 + ["a2a+p2p"]), False)):
+                     (" ".join(["a2a"] * 31 + ["a2a+p2p"]) + " --hierarchical-context-parallel-sizes 2 1", False)):
         script.write_text(text.replace("--cp-comm-type all_gather", f"--cp-comm-type {comm}" if comm else ""))
         assert main(["rank", config, "--from", str(script), *CP]) == (0 if ok else 2)
         err = capsys.readouterr().err
