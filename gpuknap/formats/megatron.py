@@ -274,5 +274,9 @@ def load_text(text: str, path: str) -> Settings:
     values = check_arguments(args, path)
     segments = tuple(parse_layout(values["layout"], values["stages"], f"{path}: --pipeline-model-parallel-layout"))
     check_layout(segments, values, path)
+    holding = [i for i, seg in enumerate(segments) if "m" in seg]
+    if holding and holding[0] % values["stages"] != values["stages"] - 1:
+        values["notes"].append(f"the layout places the MTP layers on pipeline stage {holding[0] % values['stages']}; "
+                               "gpuknap costs them with the output layer, on the last stage")
     return Settings(values["stages"], segments, values["granularity"], frozenset(values["modules"]),
                     values["method"], values["num"] or 0, values["run"], values["mtp"], tuple(values["notes"]))

@@ -499,3 +499,13 @@ def test_an_interleaved_simulated_search_with_nothing_fitting_says_so(capsys):
     simulated = capsys.readouterr().out
     assert main(argv + ["1f1b"]) == 1
     assert "no feasible split" in simulated and simulated == capsys.readouterr().out
+
+
+def test_mtp_placed_on_another_stage_is_noted(tmp_path):
+    """Megatron lets the MTP layers sit in the last virtual stage of any rank; gpuknap costs them on
+    the last stage and says so when the layout puts them elsewhere."""
+    base = "--num-layers 16 --pipeline-model-parallel-size 2 --mtp-num-layers 1 --pipeline-model-parallel-layout "
+    other = read_settings(_write(tmp_path, "a.txt", base + "'Et*5|t*5|t*6m|L'\n"))
+    assert [n for n in other.notes if "MTP layers on pipeline stage 0" in n]
+    last = read_settings(_write(tmp_path, "b.txt", base + "'Et*5|t*5|t*6|mL'\n"))
+    assert not [n for n in last.notes if "MTP" in n]
