@@ -11,7 +11,7 @@ communication of tensor (``tp``), context (``cp``) and expert (``ep``) paralleli
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 from ..engine import LayerOption
@@ -67,6 +67,29 @@ class ModelCosts:
         shards = tr.shards()
         out += dev.memory_seconds(ADAM_BYTES * (dense / shards + expert / max(tr.expert_data_parallel, 1)))
         return out * MS
+
+    def tail_seconds(self, kinds: Mapping, stages: int, data_parallel: int) -> float:
+        """What the tails of any split of the layers ``kinds`` (counted per kind) over ``stages``
+        stages with ``data_parallel`` replicas add up to at least before overlap (ms): every
+        stage's gradient reduce-scatter and parameter all-gather without ring latencies, and its
+        optimizer step.  The embedding and output layers are left out (their parameters depend on
+        the stage count through a tied embedding).  A stage's tail is at least its share of this
+        minus its one-micro-batch forward and backward (:meth:`tail`), so sweeps bound iteration
+        times with it."""
+        try:
+            tr = replace(self.training, data_parallel=data_parallel, pipeline_parallel=stages)
+        except ValueError:
+            return 0.0
+        dev, total = self.device, 0.0
+        for kind, n in kinds.items():
+            if kind in ("embedding", "output"):
+                continue
+            dense, expert = self.params.get(kind, 0.0), self.expert_params.get(kind, 0.0)
+            for count, group, size in ((dense, "dp", tr.dp * tr.cp), (expert, "edp", tr.expert_data_parallel)):
+                if count and size > 1:
+                    total += n * (size - 1) / size * (FP32 + ACT) * count / links(dev, tr, group).bandwidth
+            total += n * dev.memory_seconds(ADAM_BYTES * (dense / tr.shards() + expert / max(tr.expert_data_parallel, 1)))
+        return total * MS
 
     def model_flops(self, kinds: Mapping) -> float:
         """Model FLOPs of an iteration over the whole cluster for layers counted per kind."""

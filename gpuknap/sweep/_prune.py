@@ -3,7 +3,10 @@
 Every configuration gets a lower bound on its iteration time from its fastest
 options alone (memory ignored; :mod:`._bounds` has how).  Sends between stages
 and each stage's tail (data-parallel communication, the optimizer) only add
-time, so they are left out.  Configurations are searched best bound first, in
+time; sends are left out, and of the tails only what no split can avoid is counted (a lower
+bound on the longest tail, and a bound of the busiest stage's last micro-batches plus its tail:
+:func:`_tail_floor`).  Configurations are
+searched best bound first, in
 rounds; a round's rows give the N-th best iteration time so far, and every
 configuration whose bound is above it (beyond a rounding margin) is pruned
 unbuilt.  The result equals the first N rows of the full sweep: a pruned
@@ -72,6 +75,7 @@ class Bounds:
         self.errors: dict[int, str] = {}
         self._of: dict[int, tuple] = {}  # i -> (key, times, prefix)
         self._whole: dict[tuple, float] = {}
+        self._tails: dict[int, tuple] = {}  # i -> (tail floor, busy-plus-tail bound), seconds
         self._busiest: dict[tuple, float] = {}
         for i, config in enumerate(configs):
             key = _key(config, shared)
@@ -88,15 +92,18 @@ class Bounds:
             if isinstance(f, str):
                 self.errors[i] = f
                 continue
-            times, prefix = f
+            times, prefix, tail = f
             p, v, m = config["stages"], config["interleave"], config["micro_batches"]
             if p * v > len(times):
                 self.errors[i] = f"{p} stages x {v} chunks is more than the model's {len(times)} layers"
                 continue
             self._of[i] = (key, times, prefix)
+            floor, busy = tail(p, config["data_parallel"], m)
+            self._tails[i] = (floor * (1.0 - 1e-9), busy * (1.0 - 1e-9))  # the longest stage tail's least
             plain = max(float(np.sum(times)) / p, float(np.max(times)))  # busiest_device's least
             # below the refined bound: that starts a hair under span_bound and is at least M * plain
-            self.cheap[i] = max(span_bound(float(prefix[-1]), p, v, m), m * plain) * (1.0 - 1e-11) * (1.0 - MARGIN)
+            span = max(span_bound(float(prefix[-1]), p, v, m), m * plain) * (1.0 - 1e-11)
+            self.cheap[i] = max(span + self._tails[i][0], self._tails[i][1]) * (1.0 - MARGIN)
         self._programs = any(worth_solving(len(self._of[i][1]), c["stages"], c["interleave"])
                              for i, c in enumerate(configs) if i in self._of)
 
@@ -114,7 +121,8 @@ class Bounds:
                 path = max(interleaved_bound(prefix, p, v, m),
                            interleaved_path_factor(p, v, m) * float(prefix[-1]) * (1.0 - 1e-12))
             self._whole[key, p, v, m] = max(path, m * self._busiest[key, p])
-        return max(self._whole[key, p, v, m], self._fitting(i, p, v, m)) * (1.0 - MARGIN)
+        span = max(self._whole[key, p, v, m], self._fitting(i, p, v, m))
+        return max(span + self._tails[i][0], self._tails[i][1]) * (1.0 - MARGIN)
 
     def tight(self, i: int) -> float:
         """Configuration i's refined bound or, if higher, the bound with memory per device and
@@ -128,7 +136,7 @@ class Bounds:
                 lp = memory_path_bound(self.builder(dict(config)), p, v, self.time_unit)
             except ValueError:
                 pass
-        return max(self.refined(i), lp * (1.0 - MARGIN))
+        return max(self.refined(i), (lp + self._tails[i][0]) * (1.0 - MARGIN) if lp else 0.0)
 
     def _fitting(self, i: int, p: int, v: int, m: int) -> float:
         """The bounds that use only the total time, with the least total that fits the devices'
@@ -145,12 +153,41 @@ class Bounds:
 
 
 def _fastest(builder: Callable, config: dict, time_unit: float) -> Any:
-    """``(fastest layer times, their prefix sums)`` of a configuration's model, or why it cannot be built."""
+    """``(fastest layer times, their prefix sums, tail floor)`` of a configuration's model, or why it
+    cannot be built; the tail floor maps ``(stages, data-parallel size)`` to a lower bound in seconds
+    on the longest stage tail of any split (0 without a cost model)."""
     try:
-        times = fastest_layer_seconds(builder(dict(config)), time_unit)
+        model = builder(dict(config))
+        times = fastest_layer_seconds(model, time_unit)
     except ValueError as exc:
         return str(exc)
-    return times, np.concatenate(([0.0], np.cumsum(times)))
+    return times, np.concatenate(([0.0], np.cumsum(times))), _tail_floor(model)
+
+
+def _tail_floor(model: Any) -> Callable[[int, int, int], tuple]:
+    """``(stages, data-parallel size, micro-batches) -> seconds`` added to a span bound: a lower
+    bound on the longest stage tail of any split (each stage exposes at least its share of
+    :meth:`~gpuknap.costs.ModelCosts.tail_seconds` minus its slowest one-micro-batch window; the
+    longest is at least the average), and the gap to the busiest stage's bound when a stage's
+    last ``M - 1`` micro-batches plus its tail say more (0 without a cost model)."""
+    costs = getattr(model, "costs", None)
+    if costs is None:
+        return lambda stages, dp, m: (0.0, 0.0)
+    kinds: dict = {}
+    for kind in model.kinds:
+        kinds[kind] = kinds.get(kind, 0) + 1
+    unit = costs.time_unit
+    window = sum(n * max(o.forward_time for o in model.fronts[k]) + n * max(o.backward_time for o in model.fronts[k])
+                 for k, n in kinds.items()) * unit
+    fastest = sum(n * min(o.forward_time + o.backward_time for o in model.fronts[k]) for k, n in kinds.items()) * unit
+
+    def floor(stages: int, dp: int, m: int) -> tuple[float, float]:
+        tails = costs.tail_seconds(kinds, stages, dp) * unit
+        # (a tail floor to add to a span bound, a bound of its own: busy_s + tail_s >= (M - 1) x the
+        # stage's fastest work + its share of the tails, and the busiest is at least the average)
+        return max(tails - window, 0.0) / stages, ((m - 1) * fastest + tails) / stages
+
+    return floor
 
 
 def lower_bounds(configs: list, builder: Callable, time_unit: float) -> tuple[np.ndarray, dict]:
