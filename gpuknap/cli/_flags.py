@@ -75,6 +75,8 @@ def device_field(text: str) -> tuple[str, float]:
             return key, parse_quantity(value.strip(), "bytes", "memory")
         except ValueError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
+    if key == "memory" and number > 2**70:  # as every memory gpuknap reads
+        raise argparse.ArgumentTypeError(f"memory: {value[:40]!r} bytes is over 2**70, beyond any real device")
     if key == "memory" and 0 < number < 2**30:  # a device of under 1 GiB: a size given without its unit
         raise argparse.ArgumentTypeError(f"memory: {value[:40]!r} bytes is under 1 GiB; give the unit "
                                          f"(memory=80GiB) or the bytes")
@@ -83,8 +85,8 @@ def device_field(text: str) -> tuple[str, float]:
     return key, int(number) if key == "gpus_per_node" and number.is_integer() else number
 
 
-def number(low: float, what: str, cast: Callable = float) -> Callable[[str], Any]:
-    """A finite number >= ``low`` (``what`` says what it is in the refusal)."""
+def number(low: float, what: str, cast: Callable = float, high: float = math.inf) -> Callable[[str], Any]:
+    """A finite number from ``low`` to ``high`` (``what`` says what it is in the refusal)."""
     def parse(text: str) -> Any:
         try:
             value = float(text)
@@ -92,6 +94,8 @@ def number(low: float, what: str, cast: Callable = float) -> Callable[[str], Any
             raise argparse.ArgumentTypeError(f"expected {what}, got {text[:40]!r}") from None
         if not low <= value < math.inf:
             raise argparse.ArgumentTypeError(f"expected {what} >= {low:g}, got {text!r}")
+        if value > high:  # beyond it, sums with the stages' times lose them to rounding
+            raise argparse.ArgumentTypeError(f"expected {what} of at most {high:g}, got {text!r}")
         return cast(value)
     return parse
 

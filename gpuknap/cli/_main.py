@@ -111,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--counts", help="the split, chunk by chunk when interleaved (default: the best 1F1B split)")
     t.add_argument("--stages", type=integer("--stages", 1, MAX_LAYERS), help="stages of the best split (no --counts)")
     t.add_argument("--interleave", type=integer("--interleave", 1, 64), help="chunks per stage (default: the spec's)")
-    t.add_argument("--p2p", type=number(0, "a time"), default=None,
+    t.add_argument("--p2p", type=number(0, "a time", high=1e12), default=None,
                    help="time to pass a micro-batch between stages (default: the cost model's, else 0)")
     t.set_defaults(func=cmd_timeline)
     add_sweep(sub, base)

@@ -48,7 +48,7 @@ def add_sweep(sub: Any, base: Any) -> None:
         w.add_argument(flag, type=integers(flag), dest=key, metavar="N,N,...",
                        help=f"{key.replace('_', ' ')} values to try (default {default})")
     w.add_argument("--score", choices=SCORES, default="1f1b", help="how each configuration's split is chosen")
-    w.add_argument("--top", type=integer("--top", 1, MAX_TOP_ROWS), default=DEFAULT_TOP,
+    w.add_argument("--top", type=integer("--top", 1, MAX_TOP_ROWS), default=None,
                    help=f"show the N best configurations, exactly as a full sweep ranks them, pruning the rest by a "
                         f"lower bound (default {DEFAULT_TOP})")
     w.add_argument("--all", action="store_true", help="search every configuration and show every row")
@@ -138,7 +138,9 @@ def _grid(args: argparse.Namespace) -> tuple[dict, dict]:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     grid, device = _grid(args)
-    top = None if args.all else args.top
+    if args.all and args.top is not None:
+        raise ValueError("--all shows every row and --top N the first N: give one of them")
+    top = None if args.all else (DEFAULT_TOP if args.top is None else args.top)
     result = sweep(args.spec, grid, gpus=args.gpus, global_batch=args.global_batch, score=args.score, top=top,
                    top_splits=args.top_splits, backend=args.backend, scheduler=args.scheduler,
                    capacity=args.capacity, reserved=args.reserved, seq=args.seq, bucket=args.bucket,

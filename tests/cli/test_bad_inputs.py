@@ -622,3 +622,20 @@ def test_cli_refuses_in_one_line(case, tmp_path, capsys):
     if case.api is not None:
         with pytest.raises(ValueError):
             case.api(paths)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["timeline", "gpuknap/examples/demo.json", "--p2p", "1e307"], ["--p2p", "at most 1e+12"]),
+    (["sweep", "gpuknap/examples/llama2_70b.json", "--gpus", "64", "--global-batch", "256", "--stages", "4,8",
+      "--all", "--top", "1"], ["--all", "--top"]),
+    (["best", "gpuknap/examples/llama2_7b_config.json", "--stages", "8", "--micro-batches", "32", "--seq", "4096",
+      "--tp", "8", "--dp", "1", "--device-field", "memory=1e300"], ["--device-field", "2**70"]),
+])
+def test_red_team_inputs_are_refused_by_flag(capsys, argv, words):
+    """A red-team round of 2026-12-02: a huge --p2p put inf and NaN in the timeline, --all dropped an
+    explicit --top, and a device memory of 1e300 bytes was taken."""
+    from gpuknap.cli import main  # noqa: PLC0415
+
+    assert main([*argv, "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and all(w in err[0] for w in words), err
