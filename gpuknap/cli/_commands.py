@@ -234,15 +234,23 @@ def cmd_rank(args: argparse.Namespace) -> int:
     except ValueError as exc:  # row errors name the file already; shape and dtype errors do not
         raise BadInput(str(exc) if str(exc).startswith(sf.path) else f"{sf.path}: {exc}") from None
     backend = get_backend(args.backend)
-    slowest = np.empty(len(splits))
-    best_i, best_choice = -1, None
-    for lo in range(0, len(splits), RANK_BLOCK):
-        r = spec.model.rank(splits[lo:lo + RANK_BLOCK], spec.bucket, backend, spec.in_flight, spec.chunks,
+    # each distinct split is scored once (blocks do not share solved problems: a file repeating a
+    # split would otherwise solve it again in every block)
+    distinct, inverse = np.unique(splits, axis=0, return_inverse=True)
+    inverse = np.asarray(inverse).reshape(-1)
+    scores = np.empty(len(distinct))
+    rankings = []
+    for lo in range(0, len(distinct), RANK_BLOCK):
+        r = spec.model.rank(distinct[lo:lo + RANK_BLOCK], spec.bucket, backend, spec.in_flight, spec.chunks,
                             _max_bytes(args))
-        slowest[lo:lo + RANK_BLOCK] = r.slowest
-        j = int(r.order[0])
-        if np.isfinite(r.slowest[j]) and (best_i < 0 or r.slowest[j] < slowest[best_i]):
-            best_i, best_choice = lo + j, r.choice(j)
+        scores[lo:lo + RANK_BLOCK] = r.slowest
+        rankings.append(r)
+    slowest = scores[inverse]
+    best_i, best_choice = -1, None
+    if np.isfinite(slowest).any():  # the first row of the least score, as one batch would order them
+        best_i = int(np.argmin(slowest))
+        block, j = divmod(int(inverse[best_i]), RANK_BLOCK)
+        best_choice = rankings[block].choice(j)
     if args.out:
         write_scores(args.out, splits, slowest)
     feasible = int(np.isfinite(slowest).sum())

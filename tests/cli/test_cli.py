@@ -303,3 +303,24 @@ def test_best_and_the_sweep_agree_on_the_even_split(capsys, v):
     assert bool(rows[0].get("even_split")) == (even is not None)
     first = even["iteration_time_s"] if even else out["results"][0]["iteration_time_s"]
     assert first == pytest.approx(rows[0]["iteration_time_s"], rel=1e-12)
+
+
+def test_rank_scores_each_distinct_split_once_with_the_same_answers(tmp_path, monkeypatch, capsys):
+    """Repeated splits over several blocks: the scores and the best row (the first of the least
+    score) are those of one batch of every row (a red-team round found a file repeating one split
+    solved again in every block of 250,000 rows)."""
+    from gpuknap.cli import _commands, main  # noqa: PLC0415
+
+    spec = load_spec("gpuknap/examples/demo.json")
+    rng = np.random.default_rng(3)
+    rows = [np.diff(np.concatenate(([0], np.sort(rng.choice(np.arange(1, 98), 15, replace=False)), [98])))
+            for _ in range(300)]
+    splits = np.array(rows)[rng.integers(0, 300, 1000)]
+    np.save(tmp_path / "rep.npy", splits)
+    monkeypatch.setattr(_commands, "RANK_BLOCK", 64)
+    assert main(["rank", "gpuknap/examples/demo.json", "--splits", str(tmp_path / "rep.npy"), "--out",
+                 str(tmp_path / "out.npy"), "--json", "--quiet"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    want = spec.model.rank(splits, spec.bucket, "numpy").slowest
+    assert np.array_equal(np.load(tmp_path / "out.npy").reshape(len(splits), -1)[:, -1], want)
+    assert got["best"]["row"] == int(np.argmin(want)) and got["best"]["counts"] == splits[np.argmin(want)].tolist()
