@@ -57,16 +57,13 @@ class ModelCosts:
         dense = sum(n * self.params.get(k, 0.0) for k, n in kinds.items())
         expert = sum(n * self.expert_params.get(k, 0.0) for k, n in kinds.items())
         grads = gather = buckets = 0.0
-        for count, group, size in ((dense, "dp", tr.dp * tr.cp), (expert, "edp", tr.expert_data_parallel)):
-            if count and size > 1:
-                link, k = links(dev, tr, group), math.ceil(count / BUCKET_PARAMS)
-                grads += k * all_gather(FP32 * count / k, size, link)
-                gather += k * all_gather(ACT * count / k, size, link)
-                buckets += k
+        for count, link, size in _reduced(dense, expert, tr, dev):
+            k = math.ceil(count / BUCKET_PARAMS)
+            grads += k * all_gather(FP32 * count / k, size, link)
+            gather += k * all_gather(ACT * count / k, size, link)
+            buckets += k
         out = exposed(grads, buckets, backward / MS) + exposed(gather, buckets, forward / MS)
-        shards = tr.shards()
-        out += dev.memory_seconds(ADAM_BYTES * (dense / shards + expert / max(tr.expert_data_parallel, 1)))
-        return out * MS
+        return (out + _adam_seconds(dense, expert, tr, dev)) * MS
 
     def tail_seconds(self, kinds: Mapping, stages: int, data_parallel: int) -> float:
         """What the tails of any split of the layers ``kinds`` (counted per kind) over ``stages``
@@ -85,16 +82,28 @@ class ModelCosts:
             if kind in ("embedding", "output"):
                 continue
             dense, expert = self.params.get(kind, 0.0), self.expert_params.get(kind, 0.0)
-            for count, group, size in ((dense, "dp", tr.dp * tr.cp), (expert, "edp", tr.expert_data_parallel)):
-                if count and size > 1:
-                    total += n * (size - 1) / size * (FP32 + ACT) * count / links(dev, tr, group).bandwidth
-            total += n * dev.memory_seconds(ADAM_BYTES * (dense / tr.shards() + expert / max(tr.expert_data_parallel, 1)))
+            for count, link, size in _reduced(dense, expert, tr, dev):
+                total += n * (size - 1) / size * (FP32 + ACT) * count / link.bandwidth
+            total += n * _adam_seconds(dense, expert, tr, dev)
         return total * MS
 
     def model_flops(self, kinds: Mapping) -> float:
         """Model FLOPs of an iteration over the whole cluster for layers counted per kind."""
         per_replica = sum(n * self.flops.get(k, 0.0) for k, n in kinds.items())
         return per_replica * self.micro_batches * self.training.dp
+
+
+def _reduced(dense: float, expert: float, tr: Training, device: Device) -> list[tuple]:
+    """``(parameters, links, ranks)`` of each data-parallel group that reduces gradients: dense
+    weights over DP x CP, expert weights over their expert-data-parallel group."""
+    return [(count, links(device, tr, group), size)
+            for count, group, size in ((dense, "dp", tr.dp * tr.cp), (expert, "edp", tr.expert_data_parallel))
+            if count and size > 1]
+
+
+def _adam_seconds(dense: float, expert: float, tr: Training, device: Device) -> float:
+    """The optimizer step of a rank's shard of ``dense`` and ``expert`` parameters (seconds)."""
+    return device.memory_seconds(ADAM_BYTES * (dense / tr.shards() + expert / max(tr.expert_data_parallel, 1)))
 
 
 def exposed(comm: float, buckets: float, window: float) -> float:

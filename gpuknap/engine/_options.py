@@ -114,6 +114,14 @@ def check_number(value: Any, field: str, *, allow_inf: bool = False) -> float:
     return value
 
 
+def own_fronts(fronts: Any) -> Any:
+    """A mapping's own copy with its option lists as tuples (a caller editing its lists later
+    must not change a result or a model); anything else as given, for the validators to refuse."""
+    if not isinstance(fronts, Mapping):
+        return fronts
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in fronts.items()}
+
+
 def check_time(value: Any, field: str) -> float:
     """A time: a finite number from 0 to :data:`MAX_TIME`, else ValueError naming ``field``."""
     value = check_number(value, field)
@@ -172,8 +180,6 @@ def useful_options(kind: Hashable, options: Sequence[Any], in_flight: int,
             raise ValueError(f"{where} is not an option (needs memory(k), forward_time, backward_time)") from exc
         except (TypeError, ValueError, ArithmeticError) as exc:
             raise ValueError(f"{where}.memory({in_flight}) failed: {exc}") from None
-        if isinstance(mem, bool):
-            raise ValueError(f"{where}.memory({in_flight}) must be a number of bytes, got {mem!r}")
         check_number(mem, f"{where}.memory({in_flight})")
         if mem < 0:
             raise ValueError(f"{where}.memory({in_flight}) comes out negative ({mem!r} bytes)")

@@ -14,7 +14,7 @@ from typing import Any, Hashable, Mapping, Sequence
 import numpy as np
 
 from ._backend import get_backend
-from ._options import MEGABYTE, FrontTable, check_time
+from ._options import MEGABYTE, FrontTable, check_time, own_fronts
 from ._problem import StageProblem, canonical, fronts_of
 from ._results import PipelineChoice, Stage
 from ._solve import check_max_bytes, solve_problems
@@ -215,8 +215,7 @@ def _dedup(flat: list, offsets: list, table: FrontTable, where: Any) -> tuple:
 def rank(candidates: Sequence[Sequence[Stage]], fronts: Mapping[Hashable, Sequence[Any]],
          bucket: float = MEGABYTE, backend: str | None = "auto", max_bytes: int | None = None) -> Ranking:
     """Score every candidate exactly as ``pp_lite`` would, in one batch."""
-    if isinstance(fronts, Mapping):  # own copies: the ranking's choices must not follow later edits
-        fronts = {k: tuple(v) if isinstance(v, list) else v for k, v in fronts.items()}
+    fronts = own_fronts(fronts)  # the ranking's choices must not follow later edits
     table = FrontTable(fronts, bucket)
     if max_bytes is not None:
         check_max_bytes(max_bytes)

@@ -57,6 +57,11 @@ class Run:
     def gpus(self) -> int:
         return self.tp * self.cp * self.dp * self.pp
 
+    @property
+    def moe_without_sp(self) -> bool:
+        """MoE layers with TP > 1 and no sequence parallelism, which both frameworks refuse."""
+        return self.moe and self.tp > 1 and not self.sequence_parallel
+
 
 def run_of(model: Any, stages: int) -> Run | None:
     """The :class:`Run` of a cost-modelled model split into ``stages`` (None for measured profiles)."""

@@ -206,7 +206,7 @@ def dump(plan: FrameworkPlan) -> str:
     if run is not None and plan.chunks > 1 and run.micro_batches % plan.stages:
         raise ValueError(f"micro_batches: Megatron's interleaved schedule runs a multiple of the pipeline size "
                          f"({plan.stages}) micro-batches in groups of that size; {run.micro_batches} is not one")
-    if run is not None and run.moe and run.tp > 1 and not run.sequence_parallel:
+    if run is not None and run.moe_without_sp:
         raise ValueError("sequence_parallel: Megatron's MoE layers refuse tensor parallelism without sequence "
                          "parallelism (MoELayer.forward raises when training so)")
     chosen, ev = _closest(plan)

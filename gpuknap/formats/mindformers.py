@@ -83,7 +83,7 @@ def dump(plan: FrameworkPlan) -> str:
     layers[-1] += st.mtp  # MTP layers are the last layer ids: the last (virtual) stage holds them
     base = total // (p * v)
     offset = tuple(n - base for n in layers)
-    if run is not None and run.moe and run.tp > 1 and not run.sequence_parallel:
+    if run is not None and run.moe_without_sp:
         raise ValueError("sequence_parallel: MindFormers refuses MoE layers with model_parallel > 1 without "
                          "use_seq_parallel (tools/check_rules.py)")
     # with ETP = TP, Megatron's rule (EP x ETP divides TP x CP x DP) is MindFormers' (EP divides DP x CP:

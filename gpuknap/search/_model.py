@@ -31,6 +31,7 @@ from ..engine import (
     check_max_bytes,
     check_number,
     get_backend,
+    own_fronts,
     pp_lite,
 )
 from ..schedule import in_flight_table
@@ -75,7 +76,7 @@ class PipelineModel:
         if not isinstance(self.fronts, Mapping) or not isinstance(self.static, Mapping):
             raise ValueError("fronts and static must be mappings from kind")
         # own copies: a caller changing its dicts (or option lists) later must not change this model
-        object.__setattr__(self, "fronts", {k: tuple(v) if isinstance(v, list) else v for k, v in self.fronts.items()})
+        object.__setattr__(self, "fronts", own_fronts(self.fronts))
         object.__setattr__(self, "static", dict(self.static))
         order: list[Hashable] = []
         seen: set = set()

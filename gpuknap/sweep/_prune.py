@@ -3,11 +3,10 @@
 Every configuration gets a lower bound on its iteration time from its fastest
 options alone (memory ignored; :mod:`._bounds` has how).  Sends between stages
 and each stage's tail (data-parallel communication, the optimizer) only add
-time; sends are left out, and of the tails only what no split can avoid is counted (a lower
-bound on the longest tail, and a bound of the busiest stage's last micro-batches plus its tail:
-:func:`_tail_floor`).  Configurations are
-searched best bound first, in
-rounds; a round's rows give the N-th best iteration time so far, and every
+time; sends are left out, and of the tails only what no split can avoid is
+counted (a lower bound on the longest tail, and a bound of the busiest
+stage's last micro-batches plus its tail: :func:`_tail_floor`).
+Configurations are searched best bound first, in rounds; a round's rows give the N-th best iteration time so far, and every
 configuration whose bound is above it (beyond a rounding margin) is pruned
 unbuilt.  The result equals the first N rows of the full sweep: a pruned
 configuration's every row is slower than N rows already found.
@@ -24,6 +23,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import Counter
 from typing import Any, Callable
 
 import numpy as np
@@ -153,9 +153,8 @@ class Bounds:
 
 
 def _fastest(builder: Callable, config: dict, time_unit: float) -> Any:
-    """``(fastest layer times, their prefix sums, tail floor)`` of a configuration's model, or why it
-    cannot be built; the tail floor maps ``(stages, data-parallel size)`` to a lower bound in seconds
-    on the longest stage tail of any split (0 without a cost model)."""
+    """``(fastest layer times, their prefix sums, tail bounds)`` of a configuration's model (the
+    tail bounds: :func:`_tail_floor`), or why it cannot be built."""
     try:
         model = builder(dict(config))
         times = fastest_layer_seconds(model, time_unit)
@@ -165,17 +164,16 @@ def _fastest(builder: Callable, config: dict, time_unit: float) -> Any:
 
 
 def _tail_floor(model: Any) -> Callable[[int, int, int], tuple]:
-    """``(stages, data-parallel size, micro-batches) -> seconds`` added to a span bound: a lower
-    bound on the longest stage tail of any split (each stage exposes at least its share of
-    :meth:`~gpuknap.costs.ModelCosts.tail_seconds` minus its slowest one-micro-batch window; the
-    longest is at least the average), and the gap to the busiest stage's bound when a stage's
-    last ``M - 1`` micro-batches plus its tail say more (0 without a cost model)."""
+    """``(stages, data-parallel size, micro-batches) -> (floor, busy)`` in seconds: ``floor`` a
+    lower bound on the longest stage tail of any split, to add to a span bound (each stage exposes
+    at least its share of :meth:`~gpuknap.costs.ModelCosts.tail_seconds` minus its slowest
+    one-micro-batch window; the longest is at least the average), ``busy`` a bound of its own (a
+    stage's last ``M - 1`` micro-batches plus its tail, the busiest at least the average); both 0
+    without a cost model."""
     costs = getattr(model, "costs", None)
     if costs is None:
         return lambda stages, dp, m: (0.0, 0.0)
-    kinds: dict = {}
-    for kind in model.kinds:
-        kinds[kind] = kinds.get(kind, 0) + 1
+    kinds = Counter(model.kinds)
     unit = costs.time_unit
     window = sum(n * max(o.forward_time for o in model.fronts[k]) + n * max(o.backward_time for o in model.fronts[k])
                  for k, n in kinds.items()) * unit
