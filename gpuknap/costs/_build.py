@@ -68,7 +68,9 @@ class ModelCosts:
     def tail_seconds(self, kinds: Mapping, stages: int, data_parallel: int) -> float:
         """What the tails of any split of the layers ``kinds`` (counted per kind) over ``stages``
         stages with ``data_parallel`` replicas add up to at least before overlap (ms): every
-        stage's gradient reduce-scatter and parameter all-gather without ring latencies, and its
+        stage's gradient reduce-scatter and parameter all-gather, their ring latencies counted for
+        a fractional number of buckets (a stage's whole number of buckets is at least its
+        parameters over :data:`BUCKET_PARAMS`, so the sum over stages is at least this), and its
         optimizer step.  The embedding and output layers are left out (their parameters depend on
         the stage count through a tied embedding).  A stage's tail is at least its share of this
         minus its one-micro-batch forward and backward (:meth:`tail`), so sweeps bound iteration
@@ -84,6 +86,7 @@ class ModelCosts:
             dense, expert = self.params.get(kind, 0.0), self.expert_params.get(kind, 0.0)
             for count, link, size in _reduced(dense, expert, tr, dev):
                 total += n * (size - 1) / size * (FP32 + ACT) * count / link.bandwidth
+                total += n * 2 * (size - 1) * link.latency * count / BUCKET_PARAMS
             total += n * _adam_seconds(dense, expert, tr, dev)
         return total * MS
 

@@ -131,17 +131,20 @@ def _groupings(items: list) -> Any:
         yield [[first]] + groups
 
 
-def whole_layer_bound(prefix: np.ndarray, stages: int, micro_batches: int, steps: int = 60) -> float:
+def whole_layer_bound(prefix: np.ndarray, stages: int, micro_batches: int, steps: int = 60,
+                      send: float = 0.0) -> float:
     """The largest ``T`` found unreachable by stages of whole layers (see the module docstring), a
-    lower bound on the one-chunk 1F1B iteration time of any split; at least :func:`span_bound`."""
+    lower bound on the one-chunk 1F1B iteration time of any split; at least :func:`span_bound`.
+    ``send``: the time of a send between stages, in the same unit (stage ``s``'s path crosses
+    ``s`` boundaries each way: ``S_s + M c_s + 2 s send <= T``)."""
     total, m = float(prefix[-1]), micro_batches
     layers = len(prefix) - 1
 
     def reachable(t: np.ndarray) -> np.ndarray:  # for every time of t at once
         a = np.zeros(len(t), dtype=np.int64)
         done = np.zeros(len(t), dtype=bool)
-        for _ in range(stages):
-            a = np.searchsorted(prefix, (t + (m - 1) * prefix[a]) / m, side="right") - 1
+        for s in range(stages):
+            a = np.searchsorted(prefix, (t - 2 * s * send + (m - 1) * prefix[a]) / m, side="right") - 1
             done |= a >= layers
             if done.all():
                 break
@@ -252,25 +255,38 @@ def device_paths(stages: int, chunks: int, micro_batches: int, schedule: str = "
     return rows
 
 
-@functools.lru_cache(maxsize=512)
 def interleaved_path_factor(stages: int, chunks: int, micro_batches: int, schedule: str = "interleaved",
                             group: int | None = None) -> float:
-    """``z`` with ``T >= z F`` for every split into ``stages * chunks`` virtual stages of total
-    fastest time ``F`` (per micro-batch) run in ``schedule``'s order (see the module docstring):
-    weights ``y >= 0`` on the rows of :func:`device_paths` from ``A^T y = 1`` (negatives
-    dropped), ``z = min_j (y A)_j / sum y``.  0.0 when the order cannot be built or the weights
-    vanish (no bound)."""
+    """``z`` with ``T >= z F + h d`` for every split into ``stages * chunks`` virtual stages of total
+    fastest time ``F`` (per micro-batch) run in ``schedule``'s order, ``d`` a send between stages
+    (``h``: :func:`interleaved_path_sends`; see the module docstring): weights ``y >= 0`` on the
+    rows of :func:`device_paths` from ``A^T y = 1`` (negatives dropped), ``z = min_j (y A)_j /
+    sum y``.  0.0 when the order cannot be built or the weights vanish (no bound)."""
+    return _path_weights(stages, chunks, micro_batches, schedule, group)[0]
+
+
+def interleaved_path_sends(stages: int, chunks: int, micro_batches: int, schedule: str = "interleaved",
+                           group: int | None = None) -> float:
+    """``h`` of :func:`interleaved_path_factor`: the sends on the weighted paths (path ``j`` of
+    :func:`device_paths` crosses ``j`` boundaries between virtual stages, each on another device,
+    going out and again coming home), ``sum_j 2 j y_j / sum y``; 0.0 where ``z`` is."""
+    return _path_weights(stages, chunks, micro_batches, schedule, group)[1]
+
+
+@functools.lru_cache(maxsize=512)
+def _path_weights(stages: int, chunks: int, micro_batches: int, schedule: str, group: int | None) -> tuple:
+    """``(z, h)`` of :func:`interleaved_path_factor` and :func:`interleaved_path_sends`."""
     rows = device_paths(stages, chunks, micro_batches, schedule, group)
     if rows is None:
-        return 0.0
+        return 0.0, 0.0
     try:
         y = np.linalg.solve(rows.T, np.ones(len(rows)))
     except np.linalg.LinAlgError:
-        return 0.0
+        return 0.0, 0.0
     y = np.clip(y, 0.0, None)
     if not y.sum() > 0:
-        return 0.0
-    return float((y @ rows).min() / y.sum())
+        return 0.0, 0.0
+    return float((y @ rows).min() / y.sum()), float(2 * np.arange(len(rows)) @ y / y.sum())
 
 
 def fitting_seconds(model: Any, stages: int, chunks: int, time_unit: float) -> float | None:

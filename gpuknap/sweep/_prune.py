@@ -4,8 +4,10 @@ Every configuration gets a lower bound on its iteration time from its fastest
 options alone (memory ignored; :mod:`._bounds` has how).  Sends between stages
 and each stage's tail (data-parallel communication, the optimizer) only add
 time; sends are left out, and of the tails only what no split can avoid is
-counted (a lower bound on the longest tail, and a bound of the busiest
-stage's last micro-batches plus its tail: :func:`_tail_floor`).
+counted: the iteration is the schedule's span plus the longest stage tail, and
+that tail is at least the traffic and optimizer step of the stage with the most
+of them, less one micro-batch of its computation, which is at most the span over
+the micro-batches (:func:`_tail_floor`, :meth:`Bounds._plus_tails`).
 Configurations are searched best bound first, in rounds; a round's rows give the N-th best iteration time so far, and every
 configuration whose bound is above it (beyond a rounding margin) is pruned
 unbuilt.  The result equals the first N rows of the full sweep: a pruned
@@ -38,6 +40,7 @@ from ._bounds import (  # noqa: F401 (the bounds' tests import them from here)
     fitting_seconds,
     interleaved_bound,
     interleaved_path_factor,
+    interleaved_path_sends,
     span_bound,
     whole_layer_bound,
 )
@@ -75,8 +78,9 @@ class Bounds:
         self.errors: dict[int, str] = {}
         self._of: dict[int, tuple] = {}  # i -> (key, times, prefix)
         self._whole: dict[tuple, float] = {}
-        self._tails: dict[int, tuple] = {}  # i -> (tail floor, busy-plus-tail bound), seconds
+        self._tails: dict[int, tuple] = {}  # i -> (tail floor, largest tail before overlap, M): _plus_tails
         self._busiest: dict[tuple, float] = {}
+        self._models: dict[int, Any] = {}
         for i, config in enumerate(configs):
             key = _key(config, shared)
             f = fastest.get(key)
@@ -98,58 +102,87 @@ class Bounds:
                 self.errors[i] = f"{p} stages x {v} chunks is more than the model's {len(times)} layers"
                 continue
             self._of[i] = (key, times, prefix)
-            floor, busy = tail(p, config["data_parallel"], m)
-            self._tails[i] = (floor * (1.0 - 1e-9), busy * (1.0 - 1e-9))  # the longest stage tail's least
+            floor, most = tail(p, config["data_parallel"])
+            self._tails[i] = (floor * (1.0 - 1e-9), most * (1.0 - 1e-9), m)
             plain = max(float(np.sum(times)) / p, float(np.max(times)))  # busiest_device's least
             # below the refined bound: that starts a hair under span_bound and is at least M * plain
             span = max(span_bound(float(prefix[-1]), p, v, m), m * plain) * (1.0 - 1e-11)
-            self.cheap[i] = max(span + self._tails[i][0], self._tails[i][1]) * (1.0 - MARGIN)
+            self.cheap[i] = self._plus_tails(i, span)
         self._programs = any(worth_solving(len(self._of[i][1]), c["stages"], c["interleave"])
                              for i, c in enumerate(configs) if i in self._of)
 
     def refined(self, i: int) -> float:
-        """Configuration i's whole-layer bound (see :mod:`._bounds`)."""
+        """Configuration i's whole-layer bound (see :mod:`._bounds`), with the sends between stages
+        on its paths."""
         key, times, prefix = self._of[i]
         config = self.configs[i]
         p, v, m = config["stages"], config["interleave"], config["micro_batches"]
-        if (key, p, v, m) not in self._whole:
+        model = self.model(i)
+        costs = getattr(model, "costs", None)
+        # one send between stages (it depends on where the pipeline's ranks sit, so on the DP size too)
+        send = costs.p2p * costs.time_unit if costs is not None and p > 1 else 0.0
+        if (key, p, v, m, send) not in self._whole:
             if (key, p) not in self._busiest:
                 self._busiest[key, p] = busiest_device(times, p)
             if v == 1:
-                path = whole_layer_bound(prefix, p, m)
-            else:  # the path bound of whole layers and the bubble's share of F (see ._bounds)
-                path = max(interleaved_bound(prefix, p, v, m),
-                           interleaved_path_factor(p, v, m) * float(prefix[-1]) * (1.0 - 1e-12))
-            self._whole[key, p, v, m] = max(path, m * self._busiest[key, p])
-        span = max(self._whole[key, p, v, m], self._fitting(i, p, v, m))
-        return max(span + self._tails[i][0], self._tails[i][1]) * (1.0 - MARGIN)
+                path = whole_layer_bound(prefix, p, m, send=send)
+            else:  # the bubble's share of F, sends on its paths (._bounds; whole layers: tight)
+                path = (interleaved_path_factor(p, v, m) * float(prefix[-1])
+                        + interleaved_path_sends(p, v, m) * send) * (1.0 - 1e-12)
+            self._whole[key, p, v, m, send] = max(path, m * self._busiest[key, p])
+        span = max(self._whole[key, p, v, m, send], self._fitting(model, p, v, m, send))
+        return self._plus_tails(i, span)
+
+    def model(self, i: int) -> Any:
+        """Configuration i's model (built once; None when it cannot be built)."""
+        if i not in self._models:
+            try:
+                self._models[i] = self.builder(dict(self.configs[i]))
+            except ValueError:
+                self._models[i] = None
+        return self._models[i]
+
+    def _plus_tails(self, i: int, span: float) -> float:
+        """Configuration i's bound from a lower bound ``span`` on its schedule's span: the
+        iteration is the span plus the longest stage tail, which is at least ``floor`` (see
+        :func:`_tail_floor`) and at least ``C_s - W_s`` for the stage of the largest ``C_s``,
+        where ``W_s`` (its one micro-batch) is at most the span over ``M``."""
+        floor, most, m = self._tails[i]
+        return max(span + floor, span * (1.0 - 1.0 / m) + most) * (1.0 - MARGIN)
 
     def tight(self, i: int) -> float:
-        """Configuration i's refined bound or, if higher, the bound with memory per device and
-        chunk (:func:`._lpbound.memory_path_bound`, a linear program: computed last, and only
-        on a grid with a costly search, :func:`._lpbound.worth_solving`)."""
+        """Configuration i's refined bound or, if higher, interleaved, the path bound of whole
+        layers (:func:`._bounds.interleaved_bound`) and the bound with memory per device and
+        chunk (:func:`._lpbound.memory_path_bound`, a linear program, only on a grid with a
+        costly search, :func:`._lpbound.worth_solving`): computed last, for the configurations
+        still within reach."""
         config = self.configs[i]
-        p, v = config["stages"], config["interleave"]
-        lp = 0.0
-        if v > 1 and self._programs:
+        p, v, m = config["stages"], config["interleave"], config["micro_batches"]
+        if v == 1:
+            return self.refined(i)
+        span = interleaved_bound(self._of[i][2], p, v, m)
+        model = self.model(i)
+        if self._programs and model is not None:
             try:
-                lp = memory_path_bound(self.builder(dict(config)), p, v, self.time_unit)
+                span = max(span, memory_path_bound(model, p, v, self.time_unit))
             except ValueError:
                 pass
-        return max(self.refined(i), (lp + self._tails[i][0]) * (1.0 - MARGIN) if lp else 0.0)
+        return max(self.refined(i), self._plus_tails(i, span))
 
-    def _fitting(self, i: int, p: int, v: int, m: int) -> float:
+    def _fitting(self, model: Any, p: int, v: int, m: int, send: float) -> float:
         """The bounds that use only the total time, with the least total that fits the devices'
         memory (:func:`._bounds.fitting_seconds`) in place of the fastest; 0 when it gives none."""
         try:
-            model = self.builder(dict(self.configs[i]))
-            total = fitting_seconds(model, p, v, self.time_unit)
+            total = fitting_seconds(model, p, v, self.time_unit) if model is not None else None
         except ValueError:
             return 0.0
         if total is None:
             return 0.0
         out = max(span_bound(total, p, v, m), m * total / p)
-        return max(out, interleaved_path_factor(p, v, m) * total * (1.0 - 1e-12)) if v > 1 else out
+        if v == 1:
+            return out
+        return max(out, (interleaved_path_factor(p, v, m) * total + interleaved_path_sends(p, v, m) * send)
+                   * (1.0 - 1e-12))
 
 
 def _fastest(builder: Callable, config: dict, time_unit: float) -> Any:
@@ -163,27 +196,36 @@ def _fastest(builder: Callable, config: dict, time_unit: float) -> Any:
     return times, np.concatenate(([0.0], np.cumsum(times))), _tail_floor(model)
 
 
-def _tail_floor(model: Any) -> Callable[[int, int, int], tuple]:
-    """``(stages, data-parallel size, micro-batches) -> (floor, busy)`` in seconds: ``floor`` a
-    lower bound on the longest stage tail of any split, to add to a span bound (each stage exposes
-    at least its share of :meth:`~gpuknap.costs.ModelCosts.tail_seconds` minus its slowest
-    one-micro-batch window; the longest is at least the average), ``busy`` a bound of its own (a
-    stage's last ``M - 1`` micro-batches plus its tail, the busiest at least the average); both 0
-    without a cost model."""
+def _tail_floor(model: Any) -> Callable[[int, int], tuple]:
+    """``(stages, data-parallel size) -> (floor, most)`` in seconds, the two ways :meth:`Bounds._plus_tails`
+    adds the stage tails (data-parallel traffic and the optimizer step, :meth:`~gpuknap.costs.ModelCosts.tail`)
+    to a bound on the schedule's span (the iteration is the span plus the longest tail).  With
+    ``C_s`` a stage's tail before overlap and ``W_s`` the one micro-batch's forward and backward that
+    hides it, a stage's tail is at least ``C_s - W_s``; ``floor`` is the average of that over the
+    stages with every layer's slowest options in ``W_s``.  ``most`` is a lower bound on the largest
+    ``C_s`` of any split of whole layers (:func:`._bounds.busiest_device` of the layers' shares of
+    :meth:`~gpuknap.costs.ModelCosts.tail_seconds`); ``W_s`` is at most the span over ``M``, since
+    the stage runs ``M`` micro-batches.  Both 0 without a cost model."""
     costs = getattr(model, "costs", None)
     if costs is None:
-        return lambda stages, dp, m: (0.0, 0.0)
+        return lambda stages, dp: (0.0, 0.0)
     kinds = Counter(model.kinds)
     unit = costs.time_unit
     window = sum(n * max(o.forward_time for o in model.fronts[k]) + n * max(o.backward_time for o in model.fronts[k])
                  for k, n in kinds.items()) * unit
-    fastest = sum(n * min(o.forward_time + o.backward_time for o in model.fronts[k]) for k, n in kinds.items()) * unit
+    known: dict[tuple, tuple] = {}
 
-    def floor(stages: int, dp: int, m: int) -> tuple[float, float]:
-        tails = costs.tail_seconds(kinds, stages, dp) * unit
-        # (a tail floor to add to a span bound, a bound of its own: busy_s + tail_s >= (M - 1) x the
-        # stage's fastest work + its share of the tails, and the busiest is at least the average)
-        return max(tails - window, 0.0) / stages, ((m - 1) * fastest + tails) / stages
+    def floor(stages: int, dp: int) -> tuple[float, float]:
+        if (stages, dp) not in known:
+            each = {k: costs.tail_seconds({k: 1}, stages, dp) * unit for k in kinds}
+            shares = np.array([each[k] for k in model.kinds if each[k] > 0], dtype=np.float64)
+            total = float(np.sum(shares))
+            if shares.size and np.all(shares == shares[0]):  # one kind of layer: the busiest holds ceil(L / P)
+                most = float(shares[0]) * -(-shares.size // stages)
+            else:
+                most = busiest_device(shares, stages) if shares.size else 0.0
+            known[stages, dp] = (max(total - window, 0.0) / stages, most)
+        return known[stages, dp]
 
     return floor
 
@@ -235,12 +277,14 @@ def best_rows(configs: list, builder: Callable, top: int, run: Callable, order: 
     A configuration that :func:`layers_held` proves infeasible is not searched unless fewer than
     ``top`` rows are feasible (then its infeasible row is among the first ``top``)."""
 
-    def proven_infeasible(config: dict) -> bool:
+    def proven_infeasible(at: int) -> bool:
+        model, config = bounds.model(at), configs[at]
+        if model is None:
+            return False  # the search reports why it cannot be built
         try:
-            model = builder(dict(config))
             return layers_held(model, config["stages"], config["interleave"], bucket) < model.layers
         except ValueError:
-            return False  # the search reports why it cannot be built
+            return False
 
     bounds = Bounds(configs, builder, time_unit)
     errors = bounds.errors
@@ -260,7 +304,7 @@ def best_rows(configs: list, builder: Callable, top: int, run: Callable, order: 
                              f"{limit:,} (narrow the grid or ask for fewer rows)")
         chunk = []
         while at is not None:
-            if proven_infeasible(configs[at]):
+            if proven_infeasible(at):
                 deferred.append(configs[at])
             else:
                 chunk.append(configs[at])

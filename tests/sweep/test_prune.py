@@ -286,6 +286,11 @@ def test_whole_layer_bound_is_below_the_simulated_1f1b_time_of_every_split(seed)
     best = float(iteration_times(f, b, m, "1f1b").min())
     bound = whole_layer_bound(prefix, stages, m)
     assert span_bound(float(prefix[-1]), stages, 1, m) * (1 - 1e-9) <= bound <= best * (1 + 1e-12)
+    # sends between stages: on every path, so the bound with them is still below the best
+    send = rng.choice([0.05, 0.3, 2.0])
+    best_sent = float(iteration_times(f, b, m, "1f1b", send).min())
+    sent = whole_layer_bound(prefix, stages, m, send=send)
+    assert bound * (1 - 1e-9) <= sent <= best_sent * (1 + 1e-12)
 
 
 @settings(max_examples=30, deadline=None)
@@ -342,7 +347,7 @@ def test_interleaved_path_factor_is_below_the_simulated_time_of_any_chunk_times(
     backward times (some chunks empty, any forward/backward ratio), simulated in the interleaved
     orders (current Megatron with its group sizes, and the legacy order); F z never above."""
     from gpuknap.schedule import iteration_times
-    from gpuknap.sweep._bounds import interleaved_path_factor
+    from gpuknap.sweep._bounds import interleaved_path_factor, interleaved_path_sends
     rng = np.random.default_rng(seed)
     p, v = int(rng.integers(2, 6)), int(rng.integers(2, 5))
     schedule = "interleaved-legacy" if rng.random() < 0.25 else "interleaved"
@@ -358,6 +363,11 @@ def test_interleaved_path_factor_is_below_the_simulated_time_of_any_chunk_times(
     bwd = fwd * rng.uniform(0.5, 3.0, (200, p, v)) + rng.uniform(0.0, 0.2, (200, p, v))
     simulated = iteration_times(fwd, bwd, m, schedule, 0.0, group)
     assert (z * (fwd + bwd).sum(axis=(1, 2)) <= simulated * (1 + 1e-12)).all()
+    # with sends between stages: each weighted path crosses its virtual stages' boundaries twice
+    h, send = interleaved_path_sends(p, v, m, schedule, group), float(rng.uniform(0.01, 1.0))
+    assert 0 < h <= 2 * (p * v - 1)
+    sent = iteration_times(fwd, bwd, m, schedule, send, group)
+    assert (z * (fwd + bwd).sum(axis=(1, 2)) + h * send <= sent * (1 + 1e-12)).all()
     # it sees the bubble: above the busiest device's even share, below equal chunks' time
     equal = np.ones((1, p, v))
     assert m / p < z <= float(iteration_times(equal, 2 * equal, m, schedule, 0.0, group)[0]) / (3 * p * v) * (1 + 1e-12)
@@ -548,3 +558,45 @@ def test_bounds_with_data_parallel_tails_stay_below_every_row(source, kw, grid):
     assert tails  # some rows expose a real share of data-parallel traffic
     same_rows(sweep(source, grid, backend="numpy", bucket=16 * MIB, device="h100", top=5, **kw).rows,
               result.rows[:5])
+
+
+@pytest.mark.parametrize("source, seq", [(MIXTRAL, 4096), (LLAMA, None)])
+def test_bounds_are_below_random_splits_with_random_options(source, seq):
+    """Independent of the search: with memory out of the way (a huge capacity), every split with any
+    options, estimated as a run (simulated schedule with its sends, then each stage's exposed DP
+    traffic and optimizer step), takes at least the configuration's bound.  Data-parallel groups
+    span nodes here, so ring latencies and network ports weigh in the tails."""
+    from gpuknap.costs import estimate
+    builder, _, _, _ = builder_of(source, 2**60, None, seq, 16 * MIB, {"device": "h100"})
+    grid = {"stages": [2, 4, 8], "micro_batch_size": [1, 2], "interleave": [1, 2]}
+    configs, _ = expand(grid, 512, 512 if source == MIXTRAL else 1024, builder.layers)
+    bounds, errors = lower_bounds(configs, builder, 1e-3)
+    rng = random.Random(7)
+    checked = 0
+    for i, c in enumerate(configs):
+        if i in errors:
+            continue
+        model = builder(dict(c))
+        p, v = c["stages"], c["interleave"]
+        n = len(model.kinds)
+        for _ in range(6):
+            cuts = sorted(rng.sample(range(1, n), p * v - 1))
+            counts = np.diff([0] + cuts + [n]).tolist()
+            names = [rng.choice(model.fronts[k]).name for k in model.kinds]
+            run = estimate(model, counts, names, v)
+            assert bounds[i] <= run.iteration_time, (c, counts, bounds[i], run.iteration_time)
+            checked += 1
+        assert bounds[i] > 0
+    assert checked > 50
+    # the tails weigh: the bound is above the schedule's span bound alone for some configuration
+    assert any(r > 0.1 for r in _tail_shares(configs, builder, errors))
+
+
+def _tail_shares(configs, builder, errors):
+    """Each configuration's share of its bound that its tail bounds add."""
+    from gpuknap.sweep._prune import Bounds
+    b = Bounds(configs, builder, 1e-3)
+    for i in range(len(configs)):
+        if i not in errors:
+            floor, most, m = b._tails[i]
+            yield max(floor, most) / b.refined(i)
