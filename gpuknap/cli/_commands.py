@@ -13,7 +13,7 @@ import numpy as np
 from .. import formats, schedule
 from .._version import __version__
 from ..costs import pipeline_send
-from ..engine import FrontTable, get_backend, least_times, pp_lite
+from ..engine import FrontTable, counting, get_backend, least_times, max_cells, pp_lite
 from ..formats import Spec, load_spec
 from ..formats.splitfiles import read_splits, write_scores
 from ..search import one_body_kind
@@ -240,11 +240,18 @@ def cmd_rank(args: argparse.Namespace) -> int:
     inverse = np.asarray(inverse).reshape(-1)
     scores = np.empty(len(distinct))
     rankings = []
-    for lo in range(0, len(distinct), RANK_BLOCK):
-        r = spec.model.rank(distinct[lo:lo + RANK_BLOCK], spec.bucket, backend, spec.in_flight, spec.chunks,
-                            _max_bytes(args))
-        scores[lo:lo + RANK_BLOCK] = r.slowest
-        rankings.append(r)
+    blocks = -(-len(distinct) // RANK_BLOCK)
+    with counting() as spent:
+        for lo in range(0, len(distinct), RANK_BLOCK):
+            r = spec.model.rank(distinct[lo:lo + RANK_BLOCK], spec.bucket, backend, spec.in_flight, spec.chunks,
+                                _max_bytes(args))
+            scores[lo:lo + RANK_BLOCK] = r.slowest
+            rankings.append(r)
+            if lo == 0 and blocks > 1 and spent[0] * blocks > max_cells():  # the limit is on the whole file
+                raise BadInput(f"{sf.path}: {len(distinct):,} distinct splits need about {spent[0] * blocks:.3g} DP "
+                               f"cells in {blocks} blocks of {RANK_BLOCK:,} (the first took {spent[0]:.3g}), over "
+                               f"the work limit of {max_cells():.3g}; use a larger --bucket, fewer splits, or raise "
+                               "--max-work")
     slowest = scores[inverse]
     best_i, best_choice = -1, None
     if np.isfinite(slowest).any():  # the first row of the least score, as one batch would order them

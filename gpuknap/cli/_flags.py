@@ -36,14 +36,23 @@ def size(flag: str, zero: bool = False) -> Callable[[str], float]:
             value = parse_quantity(text, "bytes", flag)
         except ValueError as exc:
             raise argparse.ArgumentTypeError(str(exc).split(": ", 1)[-1]) from None
-        if flag == "--capacity" and text.strip().replace(".", "", 1).isdigit() and value < 2**20:
+        if flag == "--capacity" and _plain(text) and value < 2**20:
             raise argparse.ArgumentTypeError(f"{text.strip()} bytes is no device's memory; did you mean "
-                                             f"'{text.strip()}GiB'? (a plain number is bytes)")
+                                             f"'{float(text):g}GiB'? (a plain number is bytes)")
         if value < 0 or (value == 0 and not zero):
             raise argparse.ArgumentTypeError(f"expected a {'non-negative' if zero else 'positive'} size, "
                                              f"e.g. '80 GiB', got {text!r}")
         return value
     return parse
+
+
+def _plain(text: str) -> bool:
+    """Whether ``text`` is a number without a unit (``80``, ``8e1``, ``+80``)."""
+    try:
+        float(text.strip())
+    except ValueError:
+        return False
+    return True
 
 
 def fraction(flag: str) -> Callable[[str], float]:

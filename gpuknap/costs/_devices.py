@@ -30,6 +30,11 @@ DEFAULT_MEMORY_EFFICIENCY = 0.9
 DEFAULT_LINK_EFFICIENCY = 0.8
 
 
+#: Rates of a device (FLOP/s, bytes/s): below :data:`LEAST_RATE` no device's, and layer times overflow.
+RATES = ("peak_flops", "memory_bandwidth", "intra_bandwidth", "inter_bandwidth")
+LEAST_RATE, LEAST_EFFICIENCY = 1e3, 1e-3
+
+
 @dataclass(frozen=True)
 class Device:
     """One accelerator and its node (see the module docstring for units and meaning)."""
@@ -62,8 +67,12 @@ class Device:
                 raise ValueError(f"device.{f.name} must be a finite number, got {value!r}")
             if value < 0 or (value == 0 and not f.name.endswith("latency")):
                 raise ValueError(f"device.{f.name} must be > 0, got {value!r}")
-            if f.name.endswith("efficiency") and value > 1:
-                raise ValueError(f"device.{f.name} must be in (0, 1], got {value!r}")
+            if f.name.endswith("efficiency") and not LEAST_EFFICIENCY <= value <= 1:
+                raise ValueError(f"device.{f.name} must be from {LEAST_EFFICIENCY:g} to 1, got {value!r}")
+            if f.name in RATES and value < LEAST_RATE:  # times of any layer would overflow to inf
+                raise ValueError(f"device.{f.name} must be at least {LEAST_RATE:g} per second, got {value!r}")
+            if f.name.endswith("latency") and value > 1:
+                raise ValueError(f"device.{f.name} must be at most 1 second, got {value!r}")
 
     def matmul_seconds(self, flops: float) -> float:
         """Time of ``flops`` of matrix math at the device's efficiency."""

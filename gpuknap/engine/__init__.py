@@ -45,6 +45,7 @@ from ._work import (
                        MAX_TOP,
                        WorkTooLarge,
                        check_work,
+                       counting,
                        format_bytes,
                        max_cells,
                        report,
@@ -60,6 +61,6 @@ __all__ = [
     "Ranking", "compact_codes", "rank", "Assignment", "PipelineChoice", "Stage", "StageChoice",
     "Solved", "check_max_bytes", "solve_knapsacks", "solve_problems",
     "Planner", "check_stages", "choose", "least_times", "pp_lite", "suffix_times",
-    "DEFAULT_MAX_CELLS", "MAX_TOP", "WorkTooLarge", "check_work", "format_bytes", "max_cells", "report",
+    "DEFAULT_MAX_CELLS", "MAX_TOP", "WorkTooLarge", "check_work", "counting", "format_bytes", "max_cells", "report",
     "reporting", "work_limit",
 ]

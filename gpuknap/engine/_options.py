@@ -261,8 +261,8 @@ class FrontTable:
 
 
 def _too_small(nbytes: float, bucket: float) -> ValueError:
-    return ValueError(f"bucket {bucket!r} is too small: {nbytes!r} bytes would be more buckets than a float "
-                      "can count; give a bucket of at least 1 byte")
+    return ValueError(f"bucket {float(bucket):g} is too small: {float(nbytes):,.0f} bytes would be more buckets "
+                      "than a float can count; give a bucket of at least 1 byte")
 
 
 def buckets_up(nbytes: float, bucket: float) -> int:

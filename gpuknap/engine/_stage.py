@@ -25,7 +25,7 @@ from ._problem import (
     zeros_row,
 )
 from ._results import Assignment, PipelineChoice, Stage, StageChoice
-from ._work import check_work, format_bytes
+from ._work import check_work, format_bytes, max_cells
 
 Fronts = Mapping[Hashable, Sequence[Any]]
 
@@ -37,14 +37,20 @@ def _segment(front: Front) -> list[Segment]:
     return [Segment(0, 1, front.weights, front.times)]
 
 
-def _guard(nbytes: int, cells: int, bucket: float, what: str) -> None:
+def _guard(nbytes: int, cells: int, bucket: float, what: str, width: int) -> None:
     """Refuse, before allocating anything, a solve whose arrays need over
-    SINGLE_STAGE_LIMIT bytes or whose passes cover more DP cells than the work limit."""
-    check_work(cells, bucket, what)
+    SINGLE_STAGE_LIMIT bytes or whose passes cover more DP cells than the work limit (both
+    grow with the rows' ``width``), suggesting a bucket that passes both."""
+    over = max(nbytes / SINGLE_STAGE_LIMIT, cells / max_cells())
+    if over <= 1:
+        check_work(cells, bucket, what)  # passes (and is counted)
+        return
+    # the rows' width at a bucket f times larger is at most (width - 1) / f + 1: under width / over
+    factor = math.ceil((width - 1) / (width / over - 1)) if width > over else max(width, 1)
+    check_work(cells, bucket, what, factor)
     if nbytes > SINGLE_STAGE_LIMIT:
-        factor = math.ceil(nbytes / SINGLE_STAGE_LIMIT)
-        raise ValueError(f"{what} needs {nbytes / 2**30:.1f} GiB of DP tables (over "
-                         f"{SINGLE_STAGE_LIMIT / 2**30:g} GiB); use a bucket of at least {format_bytes(bucket * factor)}")
+        raise ValueError(f"{what} needs {format_bytes(nbytes)} of DP tables (over {format_bytes(SINGLE_STAGE_LIMIT)}); "
+                         f"use a bucket of at least {format_bytes(bucket * factor)}")
 
 
 def _assemble(groups: Sequence[Layers], fronts: list[Front], option_counts: list[list[int]], time: float) -> StageChoice:
@@ -93,13 +99,13 @@ def _stride(steps: int, width: int, n_options: int, bucket: float) -> tuple[int,
         return (-(-steps // stride) + 3) * 8 * width + stride * cell * width
 
     if (steps + 1) * 8 * width <= SINGLE_STAGE_LIMIT:  # every row kept: no choices recorded
-        _guard(0, steps * width, bucket, "this stage")
+        _guard(0, steps * width, bucket, "this stage", width)
         return 0, dtype
     if need(max(steps, 1)) <= SINGLE_STAGE_LIMIT:
-        _guard(0, steps * width, bucket, "this stage")
+        _guard(0, steps * width, bucket, "this stage", width)
         return max(steps, 1), dtype
     stride = min(range(1, max(steps, 1) + 1), key=need)
-    _guard(need(stride), 2 * steps * width, bucket, "this stage")
+    _guard(need(stride), 2 * steps * width, bucket, "this stage", width)
     return stride, dtype
 
 
@@ -221,7 +227,7 @@ def least_times(groups: Sequence[Layers], fronts: Fronts, budget: float, bucket:
     curve = np.full(1, np.inf)
     if budget >= 0:
         width = buckets_down(budget, table.bucket, cap=buckets_down(fastest_bytes, table.bucket)) + 1
-        _guard(2 * 8 * width, width * sum(n for _, n in problem.runs), table.bucket, "least_times")
+        _guard(2 * 8 * width, width * sum(n for _, n in problem.runs), table.bucket, "least_times", width)
         row = zeros_row(width)
         for (key, n) in problem.runs:
             f = table.get(*key)
@@ -266,7 +272,7 @@ def suffix_times(layers: Sequence[Layers], fronts: Fronts, budgets: Sequence[flo
     out = [math.inf] * len(budgets)
     if width <= 0:
         return out
-    _guard(2 * 8 * width, width * len(layers), table.bucket, "suffix_times")
+    _guard(2 * 8 * width, width * len(layers), table.bucket, "suffix_times", width)
     row = zeros_row(width)
     if caps[-1] >= 0:
         out[-1] = 0.0

@@ -27,6 +27,7 @@ DEFAULT_MAX_CELLS = 10_000_000_000
 MAX_TOP = 1000
 
 _max_cells: ContextVar[int] = ContextVar("gpuknap_max_cells", default=DEFAULT_MAX_CELLS)
+_spent: ContextVar[list | None] = ContextVar("gpuknap_spent_cells", default=None)
 
 
 class WorkTooLarge(ValueError):
@@ -50,12 +51,28 @@ def work_limit(cells: int) -> Iterator[None]:
         _max_cells.reset(token)
 
 
-def check_work(cells: int, bucket: float, what: str = "this batch") -> None:
-    """Refuse ``cells`` DP cells over the limit, saying what would fit."""
+@contextmanager
+def counting() -> Iterator[list]:
+    """Count the DP cells of the calls inside the ``with`` block: the list's one item (a caller
+    that makes many calls, each within the limit, can so estimate their total)."""
+    spent = [0]
+    token = _spent.set(spent)
+    try:
+        yield spent
+    finally:
+        _spent.reset(token)
+
+
+def check_work(cells: int, bucket: float, what: str = "this batch", factor: int = 1) -> None:
+    """Refuse ``cells`` DP cells over the limit, saying what would fit (a bucket at least
+    ``factor`` times this one, when another limit needs that)."""
     limit = max_cells()
     if cells <= limit:
+        spent = _spent.get()
+        if spent is not None:
+            spent[0] += cells
         return
-    factor = math.ceil(cells / limit)
+    factor = max(math.ceil(cells / limit), factor)
     raise WorkTooLarge(
         f"{what} needs {cells:.3g} DP cells, over the work limit of {limit:.3g}; use a bucket of at least "
         f"{format_bytes(bucket * factor)} (--bucket), or raise the limit (--max-work, gpuknap.work_limit)")

@@ -52,6 +52,8 @@ def _read_npy(path: str) -> np.ndarray:
         raise ValueError(f"{path}: expected a 1-D or 2-D integer array of layer counts, got "
                          f"{getattr(arr, 'ndim', '?')}-D {getattr(arr, 'dtype', type(arr).__name__)}")
     arr = np.array(arr)
+    if arr.size == 0:
+        raise ValueError(f"{path}: no splits in the file")
     return arr[None, :] if arr.ndim == 1 else arr
 
 

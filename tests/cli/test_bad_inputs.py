@@ -223,6 +223,8 @@ CASES = [
     rank_case("pickled .npy", lambda: _npy(np.array([[object()]], dtype=object)), [".npy"], suffix=".npy",
               api=False),
     rank_case("float .npy", lambda: _npy(np.full((2, 16), 6.5)), ["integer"], suffix=".npy"),
+    rank_case("empty .npy", lambda: _npy(np.zeros((0, 16), dtype=np.int64)), ["no splits"], suffix=".npy",
+              api=False),  # as an empty CSV: bad input (2), not "none of the 0 splits is feasible" (1)
     rank_case(".npy count of 2**32 + 4", lambda: _npy(np.array([[2**32 + 4] + [6] * 15])),
               ["row 0", "count of 4294967300", "98 layers"], suffix=".npy"),  # not a clipped sum
     rank_case("CSV count < 1 on line 3", text(f"# splits\n{GOOD_ROW}\n" + ",".join(["0"] + ["7"] * 14 + ["14"]) + "\n"),
@@ -563,6 +565,15 @@ MORE += [
               ["--stages", "--counts"]),
     flag_case("--capacity 80", ["best", DEMO, "--capacity", "80"], ["--capacity", "80GiB"]),
     flag_case("--capacity 80gb", ["best", DEMO, "--capacity", "80gb"], ["--capacity", "80GiB"]),
+    flag_case("--capacity 8e1", ["best", DEMO, "--capacity", "8e1"], ["--capacity", "'80GiB'"]),
+    flag_case("--capacity +80", ["best", DEMO, "--capacity", "+80"], ["--capacity", "'80GiB'"]),
+    flag_case("--bucket 1e-300", ["best", LLAMA, "--bucket", "1e-300"], ["bucket 1e-300 is too small"]),
+    flag_case("--device-field peak_flops=1e-300", ["best", LLAMA, "--device-field", "peak_flops=1e-300"],
+              ["--device-field", "device.peak_flops", "at least"]),
+    flag_case("--device-field efficiency=1e-300", ["best", LLAMA, "--device-field", "efficiency=1e-300"],
+              ["--device-field", "device.efficiency"]),
+    flag_case("--device-field inter_latency=5", ["best", LLAMA, "--device-field", "inter_latency=5"],
+              ["device.inter_latency", "at most 1 second"]),
     flag_case("--capacity 16Mb", ["best", DEMO, "--capacity", "16Mb"], ["--capacity", "16MiB"]),
     flag_case("--pp", ["best", DEMO, "--pp", "4"], ["--pp", "--stages"]),
     flag_case("--pipeline-parallel", ["best", DEMO, "--pipeline-parallel", "4"], ["--stages"]),
@@ -617,6 +628,7 @@ def test_cli_refuses_in_one_line(case, tmp_path, capsys):
     lines = captured.err.splitlines()
     assert rc == 2, (rc, captured.out[-300:], captured.err)
     assert len(lines) == 1 and lines[0].startswith("gpuknap: error: "), captured.err
+    assert "np.float64(" not in lines[0] and "np.int64(" not in lines[0], lines[0]  # numbers as people write them
     for word in case.words:
         assert _fill(word, paths) in lines[0], (word, lines[0])
     if case.api is not None:

@@ -324,3 +324,34 @@ def test_rank_scores_each_distinct_split_once_with_the_same_answers(tmp_path, mo
     want = spec.model.rank(splits, spec.bucket, "numpy").slowest
     assert np.array_equal(np.load(tmp_path / "out.npy").reshape(len(splits), -1)[:, -1], want)
     assert got["best"]["row"] == int(np.argmin(want)) and got["best"]["counts"] == splits[np.argmin(want)].tolist()
+
+
+def test_rank_max_work_caps_the_whole_file_not_each_block(tmp_path, monkeypatch, capsys):
+    """``--max-work`` is the limit on the whole file: after the first block, a file whose blocks
+    together need more is refused (exit 2, one line) before the other blocks run; within the
+    limit, the same file is scored."""
+    from gpuknap.cli import _commands, main  # noqa: PLC0415
+    from gpuknap.engine import counting  # noqa: PLC0415
+
+    spec = load_spec("gpuknap/examples/demo.json")
+    rng = np.random.default_rng(5)
+    rows = {tuple(np.diff(np.concatenate(([0], np.sort(rng.choice(np.arange(1, 98), 15, replace=False)), [98]))))
+            for _ in range(200)}
+    splits = np.array(sorted(rows))
+    np.save(tmp_path / "many.npy", splits)
+    block = 50
+    with counting() as spent:
+        spec.model.rank(splits[:block], spec.bucket, "numpy")
+    assert spent[0] > 0
+    monkeypatch.setattr(_commands, "RANK_BLOCK", block)
+    ran = []
+    real = type(spec.model).rank
+    monkeypatch.setattr(type(spec.model), "rank", lambda self, *a, **k: ran.append(1) or real(self, *a, **k))
+    argv = ["rank", "gpuknap/examples/demo.json", "--splits", str(tmp_path / "many.npy"), "--quiet"]
+    assert main(argv + ["--max-work", str(2 * spent[0])]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--max-work" in err[0] and f"{len(splits):,} distinct splits" in err[0], err
+    assert len(ran) == 1  # refused after the first block
+    ran.clear()
+    assert main(argv + ["--max-work", str(100 * spent[0])]) in (0, 1)  # scored (1: none of them fits)
+    assert len(ran) == 4 and "DP cells" not in capsys.readouterr().err

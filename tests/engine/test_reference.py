@@ -293,3 +293,25 @@ def test_more_useful_options_than_two_bytes_can_index():
         stage_mod.SINGLE_STAGE_LIMIT = old
     assert Counter(a.option.name for a in c.assignments) == {"none": 6, f"o{n - 1}": 1}
     assert c.time == 6 * (n + 1) + 1.0 and c.memory == bucket - 1
+
+
+@pytest.mark.parametrize("limit_bytes, limit_cells", [(50_000, 10**9), (10**9, 3_000), (40_000, 6_000),
+                                                      (6_000, 40_000)])
+def test_the_suggested_bucket_passes_both_limits(monkeypatch, limit_bytes, limit_cells):
+    """A single-stage solve over the table limit or the work limit, or both, suggests a bucket;
+    the solve at that bucket is refused by neither (a red-team round found a suggestion that the
+    other limit then refused)."""
+    import re
+    from gpuknap import work_limit
+    fr = {"x": [LayerOption("keep", 7.0, 1.0, 1.0), LayerOption("drop", 1.0, 3.0, 3.0)]}
+    layers, budget, bucket = [Layers("x", 40)], 200.0, 0.05
+    want = choose(layers, fr, budget, 1.0)
+    monkeypatch.setattr(stage_mod, "SINGLE_STAGE_LIMIT", limit_bytes)
+    with work_limit(limit_cells):
+        with pytest.raises(ValueError, match="use a bucket of at least") as info:
+            choose(layers, fr, budget, bucket)
+        number, unit = re.search(r"at least ([\d.]+) (bytes|KiB)", str(info.value)).groups()
+        suggested = float(number) * (1024 if unit == "KiB" else 1)
+        assert suggested > bucket
+        got = choose(layers, fr, budget, suggested)  # refused by neither limit
+    assert got is not None and got.time >= want.time
