@@ -106,13 +106,19 @@ def _stages(args: argparse.Namespace, spec: Spec) -> int:
 
 
 def schedule_size(args: argparse.Namespace, spec: Spec, stages: int, chunks: int,
-                  limit: int = schedule.MAX_OPS) -> None:
+                  limit: int = schedule.MAX_OPS, order: bool = True) -> None:
     """Refuse, naming the flag or field, a schedule too long to simulate (every command that
-    reports a split simulates Megatron's schedule for it), before any search."""
+    reports a split simulates Megatron's schedule for it), before any search; and, with
+    ``order``, an interleaved one whose micro-batches Megatron's order cannot group."""
     m = spec.model.micro_batches
     ops = 2 * stages * chunks * m
+    where = "--micro-batches" if args.micro_batches is not None else f"{spec.source}: pipeline.micro_batches"
+    if chunks > 1 and order:  # Megatron's interleaved order needs M to fill its groups
+        try:
+            schedule.check_schedule("interleaved", stages, chunks, m)
+        except ValueError as exc:
+            raise BadInput(f"{where} with {plural(stages, 'stage')} x {chunks} chunks: {exc}") from None
     if ops > limit:
-        where = "--micro-batches" if args.micro_batches is not None else f"{spec.source}: pipeline.micro_batches"
         raise BadInput(f"{where}: {m:,} micro-batches on {plural(stages, 'stage')}"
                        + (f" x {chunks} chunks" if chunks > 1 else "") + f" make {ops:,} schedule operations, over "
                        f"the {limit:,} gpuknap simulates{' and prints' if limit < schedule.MAX_OPS else ''}; use fewer "
@@ -228,7 +234,7 @@ def cmd_rank(args: argparse.Namespace) -> int:
                        f"({need})")
     if width % spec.chunks:
         raise BadInput(f"{sf.where(0)} has {width} counts, not a multiple of pipeline.interleave={spec.chunks}")
-    schedule_size(args, spec, width // spec.chunks, spec.chunks)
+    schedule_size(args, spec, width // spec.chunks, spec.chunks, order=False)  # slowest stage: no order needed
     try:
         spec.model.check_splits(splits, spec.chunks, sf.where)
     except ValueError as exc:  # row errors name the file already; shape and dtype errors do not
@@ -297,9 +303,13 @@ def cmd_curve(args: argparse.Namespace) -> int:
             raise BadInput(f"--counts: {exc}") from None
     else:
         stages = _stages(args, spec)
-        found = best_splits(spec.model, stages, 1, "slowest", spec.bucket, backend, spec.in_flight, _max_bytes(args))
+        if spec.chunks > 1:
+            schedule_size(args, spec, stages, spec.chunks)
+        found = best_splits(spec.model, stages, 1, "slowest", spec.bucket, backend, spec.in_flight, _max_bytes(args),
+                            interleave=spec.chunks)
         if not found:
-            print(f"no feasible split of {spec.name} into {plural(stages, 'stage')}", file=sys.stderr)
+            chunked = f" x {spec.chunks} chunks" if spec.chunks > 1 else ""
+            print(f"no feasible split of {spec.name} into {plural(stages, 'stage')}{chunked}", file=sys.stderr)
             return EXIT_INFEASIBLE
         counts = list(found[0][0])
     p = len(counts) // spec.chunks

@@ -557,6 +557,14 @@ MORE += [
                             "device:\n  capacity: 80 GiB\n  capacity: 40 GiB\npipeline: {micro_batches: 2}\n")},
          lambda p: load_spec(p["spec.yaml"])),
 ]
+# an interleaved pipeline whose micro-batches Megatron's order cannot group, its in-flight table given (without
+# one the spec's loader refuses it): named by file and field
+_IL = ('{"layers": [{"kind": "B", "count": 12}], "kinds": {"B": {"static": "1 GiB", "options": [{"name": "N", '
+       '"memory": "1 GiB", "forward": 1, "backward": 2}]}}, "device": {"capacity": "20 GiB"}, '
+       '"pipeline": {"stages": 3, "micro_batches": 4, "interleave": 2, "in_flight": [[4, 3], [4, 2], [3, 1]]}}')
+MORE += [Case(f"interleaved M not a multiple of P: {cmd}", [cmd, "{f}", *more],
+              ["{f}", "pipeline.micro_batches", "3 stages x 2 chunks", "multiple of stages"], {"spec.json": text(_IL)})
+         for cmd, more in (("best", ()), ("curve", ("--stage", "0")), ("timeline", ("--counts", "2,2,2,2,2,2")))]
 # flags and traps
 MORE += [
     flag_case("--counts empty", ["timeline", DEMO, "--counts", ""], ["--counts", "no counts"]),

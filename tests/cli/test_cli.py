@@ -355,3 +355,25 @@ def test_rank_max_work_caps_the_whole_file_not_each_block(tmp_path, monkeypatch,
     ran.clear()
     assert main(argv + ["--max-work", str(100 * spent[0])]) in (0, 1)  # scored (1: none of them fits)
     assert len(ran) == 4 and "DP cells" not in capsys.readouterr().err
+
+
+def test_curve_of_an_interleaved_spec_searches_its_chunks(tmp_path, capsys):
+    """``curve`` without ``--counts`` on an interleaved spec takes the best interleaved split (it
+    had searched one chunk with the spec's two-chunk in-flight table and failed), the same curve
+    as ``--counts`` of that split."""
+    from gpuknap.cli import main  # noqa: PLC0415
+
+    spec = {"layers": [{"kind": "B", "count": 12}],
+            "kinds": {"B": {"static": "1 GiB", "options": [{"name": "N", "memory": "1 GiB", "forward": 1, "backward": 2},
+                                                           {"name": "F", "memory": "0.1 GiB", "forward": 1,
+                                                            "backward": 3}]}},
+            "device": {"capacity": "20 GiB"}, "pipeline": {"stages": 3, "micro_batches": 6, "interleave": 2}}
+    path = tmp_path / "il.json"
+    path.write_text(json.dumps(spec))
+    found = best_splits(load_spec(str(path)).model, 3, 1, "slowest", interleave=2)
+    counts = ",".join(map(str, found[0][0]))
+    assert main(["curve", str(path), "--stage", "1", "--json"]) == 0
+    searched = json.loads(capsys.readouterr().out)
+    assert main(["curve", str(path), "--stage", "1", "--counts", counts, "--json"]) == 0
+    given = json.loads(capsys.readouterr().out)
+    assert searched["counts"] == list(found[0][0]) and searched["points"] == given["points"]
