@@ -1,5 +1,5 @@
 """Training frameworks on the command line: ``best --emit megatron|mindformers|json`` and
-``rank --from FILE`` (the parser is in :mod:`._main`, the other commands in :mod:`._commands`).
+``rank --from FILE`` (the parser is in :mod:`._main`, the other commands in :mod:`._commands` and :mod:`._split`).
 
 ``best --emit FRAMEWORK`` runs the framework-constrained search (only plans the framework runs as
 written), prints the settings with the cost against the unconstrained plan, and with ``--json``

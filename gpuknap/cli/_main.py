@@ -19,7 +19,8 @@ from .._version import __version__
 from ..engine import BACKENDS, MAX_TOP, reporting, work_limit
 from ..formats.splitfiles import PLOT_SUFFIXES, check_output
 from ..search import MAX_IN_FLIGHT, MAX_LAYERS, SCORES
-from ._commands import MAX_POINTS, cmd_best, cmd_curve, cmd_rank, cmd_timeline
+from ._commands import MAX_POINTS, cmd_best, cmd_rank
+from ._split import cmd_curve, cmd_timeline
 from ._flags import Parser, cells, device_field, fraction, guarded, integer, number, size
 from ._plots import require_matplotlib
 from ._progress import Bar, hold_notes, release_notes

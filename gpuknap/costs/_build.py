@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Mapping
+from typing import Any, Mapping
 
 from ..engine import LayerOption
 from ..search import PipelineModel
@@ -75,20 +75,27 @@ class ModelCosts:
         the stage count through a tied embedding).  A stage's tail is at least its share of this
         minus its one-micro-batch forward and backward (:meth:`tail`), so sweeps bound iteration
         times with it."""
+        shares = self.tail_shares(kinds, stages, data_parallel)
+        return sum(n * shares[kind] for kind, n in kinds.items())
+
+    def tail_shares(self, kinds: Any, stages: int, data_parallel: int) -> dict:
+        """Each kind's one layer's share of :meth:`tail_seconds` (ms; 0 for the embedding and
+        output layers, and for every kind when the sizes do not make a valid run)."""
+        out = dict.fromkeys(kinds, 0.0)
         try:
             tr = replace(self.training, data_parallel=data_parallel, pipeline_parallel=stages)
         except ValueError:
-            return 0.0
-        dev, total = self.device, 0.0
-        for kind, n in kinds.items():
+            return out
+        dev = self.device
+        for kind in out:
             if kind in ("embedding", "output"):
                 continue
-            dense, expert = self.params.get(kind, 0.0), self.expert_params.get(kind, 0.0)
+            dense, expert, total = self.params.get(kind, 0.0), self.expert_params.get(kind, 0.0), 0.0
             for count, link, size in _reduced(dense, expert, tr, dev):
-                total += n * (size - 1) / size * (FP32 + ACT) * count / link.bandwidth
-                total += n * 2 * (size - 1) * link.latency * count / BUCKET_PARAMS
-            total += n * _adam_seconds(dense, expert, tr, dev)
-        return total * MS
+                total += (size - 1) / size * (FP32 + ACT) * count / link.bandwidth
+                total += 2 * (size - 1) * link.latency * count / BUCKET_PARAMS
+            out[kind] = (total + _adam_seconds(dense, expert, tr, dev)) * MS
+        return out
 
     def model_flops(self, kinds: Mapping) -> float:
         """Model FLOPs of an iteration over the whole cluster for layers counted per kind."""

@@ -217,7 +217,7 @@ def _tail_floor(model: Any) -> Callable[[int, int], tuple]:
 
     def floor(stages: int, dp: int) -> tuple[float, float]:
         if (stages, dp) not in known:
-            each = {k: costs.tail_seconds({k: 1}, stages, dp) * unit for k in kinds}
+            each = {k: v * unit for k, v in costs.tail_shares(kinds, stages, dp).items()}
             shares = np.array([each[k] for k in model.kinds if each[k] > 0], dtype=np.float64)
             total = float(np.sum(shares))
             if shares.size and np.all(shares == shares[0]):  # one kind of layer: the busiest holds ceil(L / P)

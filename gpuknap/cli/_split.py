@@ -1,0 +1,121 @@
+"""The commands about one split: ``curve`` (a stage's time against its memory) and ``timeline``
+(the split's simulated schedule)."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+
+from .. import schedule
+from ..engine import FrontTable, get_backend, least_times
+from ..search import best_splits, even_counts
+from ._commands import (EXIT_INFEASIBLE, BadInput, _emit, _header, _max_bytes, _restaged, _spec, _stages,
+                        _stages_match, plural, schedule_size)
+from ._flags import EXIT_OK, counts_list
+from ._gantt import communication_shares
+from ._plots import plot_curve, plot_timeline
+from ._report import run_record, run_summary
+
+
+def cmd_curve(args: argparse.Namespace) -> int:
+    spec = _spec(args, args.spec)
+    backend = get_backend(args.backend)
+    if args.counts is not None:
+        counts = counts_list(args.counts)
+        _stages_match(args, counts, spec.chunks)
+        spec = _restaged(args, spec, len(counts), spec.chunks)
+        try:
+            spec.model.check_counts(counts, spec.chunks)
+        except ValueError as exc:
+            raise BadInput(f"--counts: {exc}") from None
+    else:
+        stages = _stages(args, spec)
+        if spec.chunks > 1:
+            schedule_size(args, spec, stages, spec.chunks)
+        found = best_splits(spec.model, stages, 1, "slowest", spec.bucket, backend, spec.in_flight, _max_bytes(args),
+                            interleave=spec.chunks)
+        if not found:
+            chunked = f" x {spec.chunks} chunks" if spec.chunks > 1 else ""
+            print(f"no feasible split of {spec.name} into {plural(stages, 'stage')}{chunked}", file=sys.stderr)
+            return EXIT_INFEASIBLE
+        counts = list(found[0][0])
+    p = len(counts) // spec.chunks
+    if spec.chunks > 1:  # the interleaved in-flight table is read from the schedule's order
+        schedule_size(args, spec, p, spec.chunks)
+    if spec.stages is not None and args.counts and p != spec.stages and spec.in_flight is not None:
+        raise BadInput(f"--counts: {p} stages, but the spec's in-flight table is for {spec.stages}")
+    if not args.stage < p:
+        raise BadInput(f"--stage: must be in 0..{p - 1} for a split of {plural(p, 'stage')}, got {args.stage}")
+    stage = spec.model.stages(counts, spec.in_flight, spec.chunks)[args.stage]
+    table = FrontTable(spec.model.fronts, spec.bucket)
+    useful = [(g.count, table.get(g.kind, g.in_flight)) for g in stage.groups]
+    lightest = sum(n * float(f.memories[0]) for n, f in useful)
+    fastest = sum(n * float(f.memories[-1]) for n, f in useful)
+    within = least_times(stage.groups, spec.model.fronts, max(stage.budget, fastest), spec.bucket)
+    budgets = sorted(set(np.linspace(lightest, fastest, args.points).tolist()) | {max(stage.budget, 0.0)})
+    points = []
+    for b in budgets:
+        t = within(float(b))
+        points.append({"budget_bytes": float(b), "time": t if np.isfinite(t) else None})
+    payload = {**_header("curve", spec, "numpy"), "counts": counts, "stage": args.stage,
+               "stage_budget_bytes": stage.budget, "points": points}
+    lines = [f"stage {args.stage} of split {counts} (its budget {stage.budget / 2**20:,.1f} MiB): "
+             f"least time within each budget, from its lightest to its fastest choice",
+             f"{'budget (MiB)':>14} {'time':>12}"]
+    for pt in points:
+        shown = "infeasible" if pt["time"] is None else f"{pt['time']:.6g}"
+        mark = "  <- the stage's budget" if pt["budget_bytes"] == max(stage.budget, 0.0) else ""
+        lines.append(f"{pt['budget_bytes'] / 2**20:>14,.1f} {shown:>12}{mark}")
+    if args.plot:
+        plot_curve(points, args.plot, f"{spec.name}: stage {args.stage} of split {counts}\nits least time within each "
+                   f"memory budget", stage.budget, spec.model.costs is not None)
+    _emit(args, payload, "\n".join(lines))
+    return EXIT_OK if any(p["time"] is not None for p in points) else EXIT_INFEASIBLE
+
+
+def cmd_timeline(args: argparse.Namespace) -> int:
+    spec = _spec(args, args.spec)
+    chunks = args.interleave or spec.chunks
+    if args.counts is not None:
+        counts = counts_list(args.counts)
+        _stages_match(args, counts, chunks)
+        spec = _restaged(args, spec, len(counts), chunks)
+    elif args.recompute:  # a run as it was run: Megatron's even split
+        try:
+            counts = even_counts(spec.model, _stages(args, spec) * chunks)
+        except ValueError as exc:
+            raise BadInput(f"--{exc}") from None
+    else:
+        schedule_size(args, spec, _stages(args, spec), chunks, schedule.MAX_TIMELINE_OPS)
+        found = best_splits(spec.model, _stages(args, spec), 1, "1f1b", spec.bucket, get_backend(args.backend),
+                            spec.in_flight if chunks == spec.chunks else None, _max_bytes(args), interleave=chunks)
+        if not found:
+            print(f"no feasible split of {spec.name}", file=sys.stderr)
+            return EXIT_INFEASIBLE
+        counts = list(found[0][0])
+    try:
+        spec.model.check_counts(counts, chunks)
+    except ValueError as exc:
+        raise BadInput(f"--counts: {exc}") from None
+    schedule_size(args, spec, len(counts) // chunks, chunks, schedule.MAX_TIMELINE_OPS)
+    costs = spec.model.costs
+    p2p = args.p2p if args.p2p is not None else (costs.p2p if costs is not None else 0.0)
+    solved = schedule.of_split(spec.model, counts, spec.bucket, spec.in_flight, chunks, p2p)
+    if solved is None:
+        _emit(args, {**_header("timeline", spec, "numpy"), "counts": counts, "timeline": None},
+              f"split {counts} of {spec.name} does not fit the device memory")
+        return EXIT_INFEASIBLE
+    t, times, closed = solved
+    names = spec.model.plan(counts, spec.bucket, spec.in_flight if chunks == spec.chunks else None, chunks)
+    if args.plot:
+        plot_timeline(t, times, args.plot, f"{spec.name}: split {counts}", spec.model.costs is not None,
+                      communication_shares(spec.model, counts, names, chunks))
+    run = run_record(spec.model, counts, names, chunks)
+    payload = {**_header("timeline", spec, "numpy"), "timeline": schedule.record(t, times, counts),
+               "closed_form_1f1b": closed, **run}
+    text = schedule.summary(t, f"{spec.name}, split {counts}", closed)
+    if run["iteration_time_s"] is not None:
+        text += "\n" + run_summary(run)
+    _emit(args, payload, text)
+    return EXIT_OK
