@@ -15,7 +15,7 @@ from .._version import __version__
 from ..costs import pipeline_send
 from ..engine import counting, get_backend, max_cells, pp_lite
 from ..formats import Spec, load_spec
-from ..formats.splitfiles import read_splits, write_scores
+from ..formats.splitfiles import distinct_rows, read_splits, write_scores
 from ..search import one_body_kind
 from ..search import best_splits, coverage, even_candidate
 from ._flags import EXIT_OK
@@ -242,8 +242,7 @@ def cmd_rank(args: argparse.Namespace) -> int:
     backend = get_backend(args.backend)
     # each distinct split is scored once (blocks do not share solved problems: a file repeating a
     # split would otherwise solve it again in every block)
-    distinct, inverse = np.unique(splits, axis=0, return_inverse=True)
-    inverse = np.asarray(inverse).reshape(-1)
+    distinct, inverse = distinct_rows(splits)
     scores = np.empty(len(distinct))
     rankings = []
     blocks = -(-len(distinct) // RANK_BLOCK)

@@ -95,6 +95,31 @@ def read_splits(path: str) -> SplitsFile:
     return SplitsFile(path, counts, lines)
 
 
+def distinct_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(distinct, inverse)``: the distinct rows of an integer array in the order they first
+    appear, and for each row its index among them (``distinct[inverse]`` is ``rows``).  Rows are
+    grouped by a 64-bit hash (one sort of integers; ``np.unique(axis=0)`` sorts rows as records,
+    about 20 s for a million rows of 16 counts), and the grouping is checked against the rows
+    themselves, falling back to ``np.unique(axis=0)`` should two rows share a hash."""
+    rows = np.ascontiguousarray(rows)
+    if rows.ndim != 2 or len(rows) == 0:
+        raise ValueError(f"expected a 2-D array of rows, got shape {rows.shape}")
+    weights = np.random.default_rng(0x5EED).integers(1, 2**63, rows.shape[1], dtype=np.uint64) | np.uint64(1)
+    keys = (rows.astype(np.uint64) * weights).sum(axis=1, dtype=np.uint64)  # modulo 2**64
+    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    inverse = np.asarray(inverse).reshape(-1)
+    step = 1 << 16  # checked in slices: no second copy of a large file
+    if not all(np.array_equal(rows[first[inverse[lo:lo + step]]], rows[lo:lo + step])
+               for lo in range(0, len(rows), step)):  # a hash shared by two different rows
+        distinct, inverse = np.unique(rows, axis=0, return_inverse=True)
+        first = np.unique(np.asarray(inverse).reshape(-1), return_index=True)[1]
+        inverse = np.asarray(inverse).reshape(-1)
+    order = np.argsort(first, kind="stable")  # in the order of first appearance
+    place = np.empty_like(order)
+    place[order] = np.arange(len(order))
+    return rows[first[order]], place[inverse]
+
+
 def check_output(path: str, flag: str, suffixes: Sequence[str] | None = None) -> None:
     """Refuse an output path that cannot be written, before any work is done."""
     if not path:
