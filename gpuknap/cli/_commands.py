@@ -13,7 +13,7 @@ import numpy as np
 from .. import formats, schedule
 from .._version import __version__
 from ..costs import pipeline_send
-from ..engine import counting, get_backend, max_cells, pp_lite
+from ..engine import WorkTooLarge, counting, get_backend, max_cells, pp_lite, work_limit
 from ..formats import Spec, load_spec
 from ..formats.splitfiles import distinct_rows, read_splits, write_scores
 from ..search import one_body_kind
@@ -236,7 +236,7 @@ def cmd_rank(args: argparse.Namespace) -> int:
         raise BadInput(f"{sf.where(0)} has {width} counts, not a multiple of pipeline.interleave={spec.chunks}")
     schedule_size(args, spec, width // spec.chunks, spec.chunks, order=False)  # slowest stage: no order needed
     try:
-        spec.model.check_splits(splits, spec.chunks, sf.where)
+        splits = spec.model.check_splits(splits, spec.chunks, sf.where)  # int64 (whole-number floats too)
     except ValueError as exc:  # row errors name the file already; shape and dtype errors do not
         raise BadInput(str(exc) if str(exc).startswith(sf.path) else f"{sf.path}: {exc}") from None
     backend = get_backend(args.backend)
@@ -245,18 +245,27 @@ def cmd_rank(args: argparse.Namespace) -> int:
     distinct, inverse = distinct_rows(splits)
     scores = np.empty(len(distinct))
     rankings = []
-    blocks = -(-len(distinct) // RANK_BLOCK)
-    with counting() as spent:
+    limit, blocks = max_cells(), -(-len(distinct) // RANK_BLOCK)
+    with counting() as spent:  # the work limit is on the whole file, not on each block
         for lo in range(0, len(distinct), RANK_BLOCK):
-            r = spec.model.rank(distinct[lo:lo + RANK_BLOCK], spec.bucket, backend, spec.in_flight, spec.chunks,
-                                _max_bytes(args))
+            try:
+                with work_limit(max(limit - spent[0], 1)):  # a block over what is left is refused before it runs
+                    r = spec.model.rank(distinct[lo:lo + RANK_BLOCK], spec.bucket, backend, spec.in_flight,
+                                        spec.chunks, _max_bytes(args))
+            except WorkTooLarge as exc:
+                if lo == 0:
+                    raise
+                raise BadInput(f"{sf.path}: the splits need more than the work limit of {limit:.3g} DP cells: "
+                               f"{spent[0]:.3g} for the first {lo:,} distinct splits, and the next block needs "
+                               f"{str(exc).split(' needs ', 1)[-1].split(',', 1)[0]}; use a larger --bucket, fewer "
+                               "splits, or raise --max-work") from None
             scores[lo:lo + RANK_BLOCK] = r.slowest
             rankings.append(r)
-            if lo == 0 and blocks > 1 and spent[0] * blocks > max_cells():  # the limit is on the whole file
-                raise BadInput(f"{sf.path}: {len(distinct):,} distinct splits need about {spent[0] * blocks:.3g} DP "
-                               f"cells in {blocks} blocks of {RANK_BLOCK:,} (the first took {spent[0]:.3g}), over "
-                               f"the work limit of {max_cells():.3g}; use a larger --bucket, fewer splits, or raise "
-                               "--max-work")
+            estimate = spent[0] * len(distinct) / RANK_BLOCK
+            if lo == 0 and blocks > 1 and estimate > limit:  # said before the other blocks run
+                raise BadInput(f"{sf.path}: {len(distinct):,} distinct splits need about {estimate:.3g} DP cells "
+                               f"(the first {RANK_BLOCK:,} took {spent[0]:.3g}), over the work limit of {limit:.3g}; "
+                               "use a larger --bucket, fewer splits, or raise --max-work")
     slowest = scores[inverse]
     best_i, best_choice = -1, None
     if np.isfinite(slowest).any():  # the first row of the least score, as one batch would order them

@@ -36,12 +36,13 @@ def size(flag: str, zero: bool = False) -> Callable[[str], float]:
             value = parse_quantity(text, "bytes", flag)
         except ValueError as exc:
             raise argparse.ArgumentTypeError(str(exc).split(": ", 1)[-1]) from None
-        if flag == "--capacity" and _plain(text) and value < 2**20:
-            raise argparse.ArgumentTypeError(f"{text.strip()} bytes is no device's memory; did you mean "
-                                             f"'{float(text):g}GiB'? (a plain number is bytes)")
         if value < 0 or (value == 0 and not zero):
             raise argparse.ArgumentTypeError(f"expected a {'non-negative' if zero else 'positive'} size, "
                                              f"e.g. '80 GiB', got {text!r}")
+        if flag == "--capacity" and _plain(text) and value < 2**20:
+            guess = f"did you mean '{value:.10g}GiB'? " if 1 <= value <= 4096 else "give a unit, e.g. '80GiB' "
+            raise argparse.ArgumentTypeError(f"{text.strip()} bytes is no device's memory; {guess}(a plain number "
+                                             "is bytes)")
         return value
     return parse
 
@@ -55,15 +56,17 @@ def _plain(text: str) -> bool:
     return True
 
 
-def fraction(flag: str) -> Callable[[str], float]:
-    """A number in (0, 1]."""
+def fraction(flag: str, low: float = 0.0) -> Callable[[str], float]:
+    """A number in (0, 1], or from ``low`` to 1 when ``low`` is given."""
+    span = f"from {low:g} to 1" if low else "in (0, 1]"
+
     def parse(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text[:40]!r}") from None
-        if not 0 < value <= 1:
-            raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}")
+            raise argparse.ArgumentTypeError(f"expected a number {span}, got {text[:40]!r}") from None
+        if not (low <= value <= 1 if low else 0 < value <= 1):
+            raise argparse.ArgumentTypeError(f"expected a number {span}, got {text!r}")
         return value
     return parse
 

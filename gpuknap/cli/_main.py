@@ -13,7 +13,7 @@ from contextlib import ExitStack
 from typing import Sequence
 
 from .. import formats
-from ..costs import DEFAULT_DEVICE, DEFAULT_EFFICIENCY, DEVICES
+from ..costs import DEFAULT_DEVICE, DEFAULT_EFFICIENCY, DEVICES, LEAST_EFFICIENCY
 from ..formats._fields import RECOMPUTE
 from .._version import __version__
 from ..engine import BACKENDS, MAX_TOP, reporting, work_limit
@@ -44,8 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help=f"device preset ({', '.join(DEVICES)}; default {DEFAULT_DEVICE}): peak FLOP/s, memory, links")
     base.add_argument("--gpus-per-node", type=integer("--gpus-per-node", 1, 4096), metavar="N",
                       help="devices per node (default: the preset's, 8)")
-    base.add_argument("--efficiency", type=fraction("--efficiency"), metavar="E",
-                      help=f"share of peak FLOP/s the matrix math reaches (default {DEFAULT_EFFICIENCY:g})")
+    base.add_argument("--efficiency", type=fraction("--efficiency", LEAST_EFFICIENCY), metavar="E",
+                      help=f"share of peak FLOP/s the matrix math reaches, {LEAST_EFFICIENCY:g} to 1 "
+                           f"(default {DEFAULT_EFFICIENCY:g})")
     base.add_argument("--device-field", type=device_field, action="append", metavar="FIELD=VALUE",
                       help="override one number of the device, e.g. inter_bandwidth=25e9 (repeatable)")
     base.add_argument("--max-memory", type=size("--max-memory"), metavar="SIZE",

@@ -26,6 +26,8 @@ DEFAULT_MAX_CELLS = 10_000_000_000
 #: Most splits ``best_splits`` returns in one call.
 MAX_TOP = 1000
 
+#: How much a suggested bucket exceeds the ratio of the work to its limit.
+SUGGESTION_MARGIN = 1.1
 _max_cells: ContextVar[int] = ContextVar("gpuknap_max_cells", default=DEFAULT_MAX_CELLS)
 _spent: ContextVar[list | None] = ContextVar("gpuknap_spent_cells", default=None)
 
@@ -72,7 +74,8 @@ def check_work(cells: int, bucket: float, what: str = "this batch", factor: int 
         if spent is not None:
             spent[0] += cells
         return
-    factor = max(math.ceil(cells / limit), factor)
+    # 10 % over the ratio: each row keeps one more cell than its capacity, and widths round to whole buckets
+    factor = max(math.ceil(cells / limit * SUGGESTION_MARGIN), factor)
     raise WorkTooLarge(
         f"{what} needs {cells:.3g} DP cells, over the work limit of {limit:.3g}; use a bucket of at least "
         f"{format_bytes(bucket * factor)} (--bucket), or raise the limit (--max-work, gpuknap.work_limit)")

@@ -61,5 +61,7 @@ def parse_quantity(value: Any, dimension: str, field: str) -> float:
     except OverflowError:  # an integer beyond any float
         result = math.inf
     if not math.isfinite(result):
-        raise ValueError(f"{field}: must be finite, got {value!r}")
+        text = repr(value)
+        shown = text if len(text) <= 40 else f"{text[:20]}...{text[-8:]} ({len(text)} characters)"
+        raise ValueError(f"{field}: must be finite, got {shown}")
     return result

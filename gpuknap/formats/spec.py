@@ -147,7 +147,9 @@ def load_spec(path: str | os.PathLike, *, capacity: Any = None, micro_batches: i
     device = f.mapping(data.get("device", {}), "device", DEVICE)
     pipeline = f.mapping(data.get("pipeline", {}), "pipeline", PIPELINE)
     preset, fields_ = spec_device(f, data)
-    dev = _device(f, preset, fields_, training)
+    transformer = data.get("transformer") if isinstance(data.get("transformer"), Mapping) else {}
+    said = {v: f"transformer.{k}" for k, v in TRANSFORMER_DEVICE.items() if transformer.get(k) is not None}
+    dev = _device(f, preset, fields_, training, lambda k: said.get(k, f"device.{k}"))
     if capacity is None:
         if "device" in training or "memory" in (training.get("device_fields") or {}):
             capacity = dev.memory  # the flags' device over the file's: its memory is the capacity
@@ -270,13 +272,17 @@ def spec_device(f: Fields, data: Mapping) -> tuple[str | None, dict]:
     return preset, fields_
 
 
-def _device(f: Fields, preset: str | None, fields_: dict, training: dict) -> Any:
+def _device(f: Fields, preset: str | None, fields_: dict, training: dict, origin: Any = lambda k: f"device.{k}") -> Any:
     """The device of a spec: the keywords' (``--device`` and friends) over the spec's own
-    (:func:`spec_device`), over the default preset."""
+    (:func:`spec_device`), over the default preset.  ``origin(field)``: where the spec says it."""
     try:
         base = costs_device(preset, **fields_)
     except ValueError as exc:
-        raise f.fail("device", str(exc).split(": ", 1)[-1]) from None
+        text = str(exc).split(": ", 1)[-1]
+        key, _, rest = text.partition(" ")
+        if key.startswith("device.") and rest:  # name the field as the spec wrote it
+            raise f.fail(origin(key[len("device."):]), rest) from None
+        raise f.fail("device", text) from None
     if not {"device", "gpus_per_node", "efficiency", "device_fields"} & set(training):
         return base
     keywords = dict(training)

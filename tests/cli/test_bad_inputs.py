@@ -565,8 +565,23 @@ _IL = ('{"layers": [{"kind": "B", "count": 12}], "kinds": {"B": {"static": "1 Gi
 MORE += [Case(f"interleaved M not a multiple of P: {cmd}", [cmd, "{f}", *more],
               ["{f}", "pipeline.micro_batches", "3 stages x 2 chunks", "multiple of stages"], {"spec.json": text(_IL)})
          for cmd, more in (("best", ()), ("curve", ("--stage", "0")), ("timeline", ("--counts", "2,2,2,2,2,2")))]
+# integers beyond any float in a spec's device numbers: refused by field, the number cut short (they crashed)
+_HUGE = "1" + "0" * 400
+MORE += [
+    Case("device.peak_flops of 401 digits", ["best", "{f}"], ["{f}", "device.peak_flops", "(401 characters)"],
+         {"spec.json": lambda: json.dumps({**json.load(open(LLAMA)), "device": {"peak_flops": 10**400}})}),
+    Case("transformer.peak_flops of 401 digits", ["best", "{f}"], ["{f}", "transformer.peak_flops", "(401 characters)"],
+         {"spec.json": text(json.dumps(json.load(open(LLAMA))).replace('"transformer": {',
+                                                                       '"transformer": {"peak_flops": ' + _HUGE + ", ",
+                                                                       1))}),
+    Case("device.gpus_per_node of 401 digits", ["best", "{f}"], ["{f}", "gpus_per_node", "(401 characters)"],
+         {"spec.json": lambda: json.dumps({**json.load(open(LLAMA)), "device": {"gpus_per_node": 10**400}})}),
+]
 # flags and traps
 MORE += [
+    flag_case("--capacity 0", ["best", DEMO, "--capacity", "0"], ["--capacity", "positive"]),
+    flag_case("--capacity 1048575", ["best", DEMO, "--capacity", "1048575"], ["--capacity", "give a unit"]),
+    flag_case("--efficiency 1e-4", ["best", LLAMA, "--efficiency", "1e-4"], ["--efficiency", "from 0.001 to 1"]),
     flag_case("--counts empty", ["timeline", DEMO, "--counts", ""], ["--counts", "no counts"]),
     flag_case("--counts blank", ["curve", DEMO, "--stage", "0", "--counts", "  "], ["--counts"]),
     flag_case("--stages against --counts", ["timeline", DEMO, "--stages", "4", "--counts", "49,49"],

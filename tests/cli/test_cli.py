@@ -377,3 +377,76 @@ def test_curve_of_an_interleaved_spec_searches_its_chunks(tmp_path, capsys):
     assert main(["curve", str(path), "--stage", "1", "--counts", counts, "--json"]) == 0
     given = json.loads(capsys.readouterr().out)
     assert searched["counts"] == list(found[0][0]) and searched["points"] == given["points"]
+
+
+@pytest.mark.parametrize("designed, limit, refused", [
+    ([10, 1000, 1000], 1500, "for the first 100 distinct splits"),  # cheap first: the third block is refused
+    ([5440, 0], 6000, None),  # 51 splits: the estimate scales by rows, not whole blocks, and the file fits
+    ([3000, 10, 10], 6000, "distinct splits need about"),  # refused after the first block, by estimate
+])
+def test_rank_max_work_is_a_total_over_the_blocks(tmp_path, monkeypatch, capsys, designed, limit, refused):
+    """Blocks whose DP cells are set here (each block's real solve is counted apart): a block over
+    what the earlier ones left is refused before it runs, and the first block's cells scaled by
+    rows refuse a file early; a file within the limit is scored."""
+    from gpuknap.cli import _commands, main  # noqa: PLC0415
+    from gpuknap.engine import check_work, counting, work_limit  # noqa: PLC0415
+
+    rng = np.random.default_rng(11)
+    rows: set = set()
+    while len(rows) < 50 * (len(designed) - 1) + (1 if refused is None else 50):
+        rows.add(tuple(np.diff(np.concatenate(([0], np.sort(rng.choice(np.arange(1, 98), 15, replace=False)),
+                                               [98])))))
+    np.save(tmp_path / "s.npy", np.array(sorted(rows)))
+    monkeypatch.setattr(_commands, "RANK_BLOCK", 50)
+    model_type = type(load_spec("gpuknap/examples/demo.json").model)
+    real, calls = model_type.rank, []
+
+    def rank(self, splits, bucket, *a, **k):
+        check_work(designed[len(calls)], bucket)  # the block's designed cells, against the limit left
+        calls.append(len(splits))
+        with counting(), work_limit(10**15):  # the real solve, counted apart
+            return real(self, splits, bucket, *a, **k)
+
+    monkeypatch.setattr(model_type, "rank", rank)
+    rc = main(["rank", "gpuknap/examples/demo.json", "--splits", str(tmp_path / "s.npy"), "--quiet",
+               "--max-work", str(limit)])
+    err = capsys.readouterr().err.strip().splitlines()
+    if refused is None:
+        assert rc in (0, 1) and not err and len(calls) == -(-len(rows) // 50)
+    else:
+        assert rc == 2 and len(err) == 1 and refused in err[0] and "--max-work" in err[0], err
+
+
+def test_rank_reads_whole_number_floats_as_counts(tmp_path, capsys):
+    """A .npy of float counts that are whole numbers scores as the integers would (it was refused
+    later without the file's name)."""
+    from gpuknap.cli import main  # noqa: PLC0415
+
+    splits = np.array([[6] * 14 + [7, 7], [7, 7] + [6] * 14])
+    np.save(tmp_path / "i.npy", splits)
+    np.save(tmp_path / "f.npy", splits.astype(np.float64))
+    outs = []
+    for name in ("i.npy", "f.npy"):
+        assert main(["rank", "gpuknap/examples/demo.json", "--splits", str(tmp_path / name), "--json"]) in (0, 1)
+        outs.append(json.loads(capsys.readouterr().out))
+    assert outs[0]["best"] == outs[1]["best"] and outs[0]["feasible"] == outs[1]["feasible"]
+
+
+def test_a_suggested_bucket_passes_the_limit_that_suggested_it(capsys):
+    """The batch path: a bucket too fine for the working memory, then for the work limit; each
+    suggestion passes the limit that made it, so two reruns at most reach an answer."""
+    from gpuknap.cli import main  # noqa: PLC0415
+    import re  # noqa: PLC0415
+
+    bucket, seen = "1 B", []
+    for _ in range(3):
+        rc = main(["best", "gpuknap/examples/demo.json", "--quiet", "--max-work", "1e6", "--bucket", bucket])
+        err = capsys.readouterr().err
+        if rc != 2:
+            break
+        which = "memory" if "working memory" in err else "work"
+        assert which not in seen, err  # the limit that suggested the last bucket does not refuse it
+        seen.append(which)
+        number, unit = re.search(r"at least ([\d.]+) (bytes|KiB|MiB|GiB)", err).groups()
+        bucket = f"{number} {'B' if unit == 'bytes' else unit}"
+    assert rc in (0, 1) and len(seen) <= 2
