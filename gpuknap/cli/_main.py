@@ -16,7 +16,7 @@ from .. import formats
 from ..costs import DEFAULT_DEVICE, DEFAULT_EFFICIENCY, DEVICES, LEAST_EFFICIENCY
 from ..formats._fields import RECOMPUTE
 from .._version import __version__
-from ..engine import BACKENDS, MAX_TOP, reporting, work_limit
+from ..engine import BACKENDS, MAX_TOP, reporting, single_stage_memory, work_limit
 from ..formats.splitfiles import PLOT_SUFFIXES, check_output
 from ..search import MAX_IN_FLIGHT, MAX_LAYERS, SCORES
 from ._commands import MAX_POINTS, cmd_best, cmd_rank
@@ -140,6 +140,8 @@ def _run(args: argparse.Namespace) -> int:
         stack.enter_context(reporting(bar))
         if args.max_work is not None:
             stack.enter_context(work_limit(args.max_work))
+        if getattr(args, "max_memory", None) is not None:  # single-stage solves too (curve, timeline, plans)
+            stack.enter_context(single_stage_memory(int(args.max_memory)))
         try:
             code = args.func(args)
             done = True

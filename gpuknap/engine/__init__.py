@@ -39,7 +39,7 @@ from ._problem import (
 from ._rank import Ranking, compact_codes, rank
 from ._results import Assignment, PipelineChoice, Stage, StageChoice
 from ._solve import Solved, check_max_bytes, solve_knapsacks, solve_problems
-from ._stage import Planner, check_stages, choose, least_times, pp_lite, suffix_times
+from ._stage import Planner, check_stages, choose, least_times, pp_lite, single_stage_memory, suffix_times
 from ._work import (
                        DEFAULT_MAX_CELLS,
                        MAX_TOP,
@@ -60,7 +60,7 @@ __all__ = [
     "FASTEST", "INFEASIBLE", "KNAPSACK", "StageProblem", "Verdict", "canonical", "kept_bytes", "verdict",
     "Ranking", "compact_codes", "rank", "Assignment", "PipelineChoice", "Stage", "StageChoice",
     "Solved", "check_max_bytes", "solve_knapsacks", "solve_problems",
-    "Planner", "check_stages", "choose", "least_times", "pp_lite", "suffix_times",
+    "Planner", "check_stages", "choose", "least_times", "pp_lite", "single_stage_memory", "suffix_times",
     "DEFAULT_MAX_CELLS", "MAX_TOP", "WorkTooLarge", "check_work", "counting", "format_bytes", "max_cells", "report",
     "reporting", "work_limit",
 ]

@@ -7,8 +7,10 @@ are bit-identical to the batch's readouts.
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import replace
-from typing import Any, Callable, Hashable, Mapping, Sequence
+from typing import Any, Callable, Hashable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -31,6 +33,25 @@ Fronts = Mapping[Hashable, Sequence[Any]]
 
 #: Largest DP table (bytes) a single-stage solve may build before it refuses.
 SINGLE_STAGE_LIMIT = 2**31
+_table_cap: ContextVar[int | None] = ContextVar("gpuknap_single_stage_bytes", default=None)
+
+
+def table_limit() -> int:
+    """The bytes a single-stage solve may hold: :data:`SINGLE_STAGE_LIMIT`, or less inside
+    :func:`single_stage_memory`."""
+    cap = _table_cap.get()
+    return SINGLE_STAGE_LIMIT if cap is None else min(SINGLE_STAGE_LIMIT, cap)
+
+
+@contextmanager
+def single_stage_memory(max_bytes: int) -> Iterator[None]:
+    """Hold single-stage solves (``choose``, ``least_times``, ``suffix_times``) to ``max_bytes``
+    inside the ``with`` block, as ``max_bytes`` holds the batched engine (``--max-memory``)."""
+    token = _table_cap.set(int(max_bytes))
+    try:
+        yield
+    finally:
+        _table_cap.reset(token)
 
 
 def _segment(front: Front) -> list[Segment]:
@@ -41,16 +62,18 @@ def _guard(nbytes: int, cells: int, bucket: float, what: str, width: int) -> Non
     """Refuse, before allocating anything, a solve whose arrays need over
     SINGLE_STAGE_LIMIT bytes or whose passes cover more DP cells than the work limit (both
     grow with the rows' ``width``), suggesting a bucket that passes both."""
-    over = max(nbytes / SINGLE_STAGE_LIMIT, cells / max_cells())
+    limit = table_limit()
+    over = max(nbytes / limit, cells / max_cells())
     if over <= 1:
         check_work(cells, bucket, what)  # passes (and is counted)
         return
     # the rows' width at a bucket f times larger is at most (width - 1) / f + 1: under width / over
     factor = math.ceil((width - 1) / (width / over - 1)) if width > over else max(width, 1)
     check_work(cells, bucket, what, factor)
-    if nbytes > SINGLE_STAGE_LIMIT:
-        raise ValueError(f"{what} needs {format_bytes(nbytes)} of DP tables (over {format_bytes(SINGLE_STAGE_LIMIT)}); "
-                         f"use a bucket of at least {format_bytes(bucket * factor)}")
+    if nbytes > limit:
+        raise ValueError(f"{what} needs {format_bytes(nbytes)} of DP tables (over {format_bytes(limit)}); "
+                         f"use a bucket of at least {format_bytes(bucket * factor)}"
+                         + (" (--bucket), or raise --max-memory" if limit < SINGLE_STAGE_LIMIT else ""))
 
 
 def _assemble(groups: Sequence[Layers], fronts: list[Front], option_counts: list[list[int]], time: float) -> StageChoice:
@@ -83,7 +106,7 @@ def _pass_recording(row: np.ndarray, front: Front, width: int, choice: np.ndarra
 
 
 def _stride(steps: int, width: int, n_options: int, bucket: float) -> tuple[int, Any]:
-    """``(layers per block, choice dtype)`` for a traceback within SINGLE_STAGE_LIMIT.
+    """``(layers per block, choice dtype)`` for a traceback within :func:`table_limit`.
 
     Block length 0: every DP row fits, and the traceback reads them.  Otherwise
     the traceback keeps, per block of layers, the option each cell took (one,
@@ -98,10 +121,10 @@ def _stride(steps: int, width: int, n_options: int, bucket: float) -> tuple[int,
     def need(stride: int) -> int:  # checkpoints, choices of one block, three working rows
         return (-(-steps // stride) + 3) * 8 * width + stride * cell * width
 
-    if (steps + 1) * 8 * width <= SINGLE_STAGE_LIMIT:  # every row kept: no choices recorded
+    if (steps + 1) * 8 * width <= table_limit():  # every row kept: no choices recorded
         _guard(0, steps * width, bucket, "this stage", width)
         return 0, dtype
-    if need(max(steps, 1)) <= SINGLE_STAGE_LIMIT:
+    if need(max(steps, 1)) <= table_limit():
         _guard(0, steps * width, bucket, "this stage", width)
         return max(steps, 1), dtype
     stride = min(range(1, max(steps, 1) + 1), key=need)
@@ -227,7 +250,8 @@ def least_times(groups: Sequence[Layers], fronts: Fronts, budget: float, bucket:
     curve = np.full(1, np.inf)
     if budget >= 0:
         width = buckets_down(budget, table.bucket, cap=buckets_down(fastest_bytes, table.bucket)) + 1
-        _guard(2 * 8 * width, width * sum(n for _, n in problem.runs), table.bucket, "least_times", width)
+        _guard(2 * 8 * width, width * sum(n for _, n in problem.runs), table.bucket,
+               "this stage's times within each budget", width)
         row = zeros_row(width)
         for (key, n) in problem.runs:
             f = table.get(*key)
@@ -272,7 +296,7 @@ def suffix_times(layers: Sequence[Layers], fronts: Fronts, budgets: Sequence[flo
     out = [math.inf] * len(budgets)
     if width <= 0:
         return out
-    _guard(2 * 8 * width, width * len(layers), table.bucket, "suffix_times", width)
+    _guard(2 * 8 * width, width * len(layers), table.bucket, "this stage's suffix times", width)
     row = zeros_row(width)
     if caps[-1] >= 0:
         out[-1] = 0.0

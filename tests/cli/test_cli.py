@@ -450,3 +450,24 @@ def test_a_suggested_bucket_passes_the_limit_that_suggested_it(capsys):
         number, unit = re.search(r"at least ([\d.]+) (bytes|KiB|MiB|GiB)", err).groups()
         bucket = f"{number} {'B' if unit == 'bytes' else unit}"
     assert rc in (0, 1) and len(seen) <= 2
+
+
+@pytest.mark.parametrize("argv", [
+    ["curve", "gpuknap/examples/demo.json", "--stage", "1", "--counts", "5,5,5,6,6,6,6,6,6,6,7,7,7,7,7,6",
+     "--bucket", "1 KiB"],
+    ["timeline", "gpuknap/examples/demo.json", "--counts", "5,5,5,6,6,6,6,6,6,6,7,7,7,7,7,6", "--bucket", "4 KiB"]])
+def test_max_memory_holds_single_stage_solves(argv, capsys):
+    """``--max-memory`` holds the single-stage solves of curve and timeline too (they took 0.6-1.5 GB
+    under ``--max-memory 1MiB``): refused before any table is built, naming the flag; with the
+    suggested bucket the command runs."""
+    import re  # noqa: PLC0415
+
+    from gpuknap.cli import main  # noqa: PLC0415
+
+    assert main(argv + ["--max-memory", "1 MiB", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--max-memory" in err[0] and "over 1 MiB" in err[0] and "least_times" not in err[0]
+    number, unit = re.search(r"at least ([\d.]+) (KiB|MiB)", err[0]).groups()
+    bucket_at = argv.index("--bucket") + 1
+    argv = argv[:bucket_at] + [f"{number} {unit}"] + argv[bucket_at + 1:]
+    assert main(argv + ["--max-memory", "1 MiB", "--quiet"]) in (0, 1)
