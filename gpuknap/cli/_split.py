@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 import numpy as np
 
@@ -37,7 +36,8 @@ def cmd_curve(args: argparse.Namespace) -> int:
                             interleave=spec.chunks)
         if not found:
             chunked = f" x {spec.chunks} chunks" if spec.chunks > 1 else ""
-            print(f"no feasible split of {spec.name} into {plural(stages, 'stage')}{chunked}", file=sys.stderr)
+            _emit(args, {**_header("curve", spec, "numpy"), "counts": None, "stage": args.stage, "points": None},
+                  f"no feasible split of {spec.name} into {plural(stages, 'stage')}{chunked} fits the device memory")
             return EXIT_INFEASIBLE
         counts = list(found[0][0])
     p = len(counts) // spec.chunks
@@ -91,7 +91,9 @@ def cmd_timeline(args: argparse.Namespace) -> int:
         found = best_splits(spec.model, _stages(args, spec), 1, "1f1b", spec.bucket, get_backend(args.backend),
                             spec.in_flight if chunks == spec.chunks else None, _max_bytes(args), interleave=chunks)
         if not found:
-            print(f"no feasible split of {spec.name}", file=sys.stderr)
+            shape = plural(_stages(args, spec), "stage") + (f" x {chunks} chunks" if chunks > 1 else "")
+            _emit(args, {**_header("timeline", spec, "numpy"), "counts": None, "timeline": None},
+                  f"no feasible split of {spec.name} into {shape} fits the device memory")
             return EXIT_INFEASIBLE
         counts = list(found[0][0])
     try:

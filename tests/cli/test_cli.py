@@ -471,3 +471,18 @@ def test_max_memory_holds_single_stage_solves(argv, capsys):
     bucket_at = argv.index("--bucket") + 1
     argv = argv[:bucket_at] + [f"{number} {unit}"] + argv[bucket_at + 1:]
     assert main(argv + ["--max-memory", "1 MiB", "--quiet"]) in (0, 1)
+
+
+@pytest.mark.parametrize("command, extra", [("curve", ["--stage", "0"]), ("timeline", [])])
+def test_curve_and_timeline_answer_in_json_when_nothing_fits(command, extra, capsys):
+    """With ``--json`` and no split that fits, curve and timeline print their JSON (no split) and exit
+    1, as best does; without it, one sentence on stdout."""
+    from gpuknap.cli import main  # noqa: PLC0415
+
+    argv = [command, "gpuknap/examples/demo.json", *extra, "--capacity", "2GiB"]
+    assert main(argv + ["--json"]) == 1
+    got = json.loads(capsys.readouterr().out)
+    assert got["command"] == command and got["counts"] is None
+    assert main(argv) == 1
+    out = capsys.readouterr()
+    assert "no feasible split" in out.out and "fits the device memory" in out.out and not out.err
