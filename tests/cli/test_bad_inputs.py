@@ -565,6 +565,15 @@ _IL = ('{"layers": [{"kind": "B", "count": 12}], "kinds": {"B": {"static": "1 Gi
 MORE += [Case(f"interleaved M not a multiple of P: {cmd}", [cmd, "{f}", *more],
               ["{f}", "pipeline.micro_batches", "3 stages x 2 chunks", "multiple of stages"], {"spec.json": text(_IL)})
          for cmd, more in (("best", ()), ("curve", ("--stage", "0")), ("timeline", ("--counts", "2,2,2,2,2,2")))]
+# without a table, the spec's loader builds the order: the flag or field that set M is named
+MORE += [Case("interleaved M not a multiple of P, M from the flag", ["best", "{f}", "--micro-batches", "4"],
+              ["{f}", "--micro-batches", "3 stages x 2 chunks", "multiple of stages"],
+              {"spec.json": text(_IL.replace(', "in_flight": [[4, 3], [4, 2], [3, 1]]', ""))},
+              lambda p: load_spec(p["spec.json"], micro_batches=4)),
+         Case("interleaved M not a multiple of P, M from the file", ["best", "{f}"],
+              ["{f}", "pipeline.micro_batches", "3 stages x 2 chunks", "multiple of stages"],
+              {"spec.json": text(_IL.replace(', "in_flight": [[4, 3], [4, 2], [3, 1]]', ""))},
+              lambda p: load_spec(p["spec.json"]))]
 # integers beyond any float in a spec's device numbers: refused by field, the number cut short (they crashed)
 _HUGE = "1" + "0" * 400
 MORE += [
