@@ -156,6 +156,8 @@ def cmd_best(args: argparse.Namespace) -> int:
                ": not even its first layer fits on a device" if held == 0 else
                f": even with their lightest options the {plural(stages, 'stage')} hold at most {held:,} of its "
                f"{spec.model.layers:,} layers")
+        if spec.model.capacity < 2**20:  # a spec's capacity written without its unit reads as bytes
+            why += f" (its capacity is {spec.model.capacity:,.0f} bytes: a size without a unit is bytes)"
         _emit(args, payload, f"no feasible split of {spec.name} into {shape} fits the device memory{why}"
               + ("" if exact else " (among the splits a local search tried)"))
         return EXIT_INFEASIBLE

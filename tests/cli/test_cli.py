@@ -486,3 +486,18 @@ def test_curve_and_timeline_answer_in_json_when_nothing_fits(command, extra, cap
     assert main(argv) == 1
     out = capsys.readouterr()
     assert "no feasible split" in out.out and "fits the device memory" in out.out and not out.err
+
+
+def test_a_capacity_without_its_unit_is_pointed_out_when_nothing_fits(tmp_path, capsys):
+    """A spec's ``capacity: 80`` is 80 bytes; when nothing fits, the answer says so."""
+    from gpuknap.cli import main  # noqa: PLC0415
+
+    spec = json.load(open(DEMO))
+    spec["device"]["capacity"] = 80
+    (tmp_path / "s.json").write_text(json.dumps(spec))
+    assert main(["best", str(tmp_path / "s.json")]) == 1
+    assert "its capacity is 80 bytes" in capsys.readouterr().out
+    spec["device"]["capacity"] = "80 GiB"
+    (tmp_path / "s.json").write_text(json.dumps(spec))
+    assert main(["best", str(tmp_path / "s.json"), "--capacity", "2GiB"]) == 1
+    assert "without a unit" not in capsys.readouterr().out
