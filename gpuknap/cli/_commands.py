@@ -259,8 +259,7 @@ def cmd_rank(args: argparse.Namespace) -> int:
                     raise
                 raise BadInput(f"{sf.path}: the splits need more than the work limit of {limit:.3g} DP cells: "
                                f"{spent[0]:.3g} for the first {lo:,} distinct splits, and the next block needs "
-                               f"{str(exc).split(' needs ', 1)[-1].split(',', 1)[0]}; use a larger --bucket, fewer "
-                               "splits, or raise --max-work") from None
+                               f"{exc.cells:.3g}; use a larger --bucket, fewer splits, or raise --max-work") from None
             scores[lo:lo + RANK_BLOCK] = r.slowest
             rankings.append(r)
             estimate = spent[0] * len(distinct) / RANK_BLOCK

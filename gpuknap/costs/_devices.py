@@ -18,6 +18,8 @@ import math
 from dataclasses import dataclass, fields, replace
 from typing import Any, Mapping
 
+from ..engine import short
+
 GB = 1e9
 GIB = 2**30
 
@@ -35,12 +37,6 @@ def _finite(value: Any) -> bool:
         return math.isfinite(value)
     except OverflowError:  # an integer beyond any float
         return False
-
-
-def _short(value: Any) -> str:
-    """A value as a refusal shows it: long ones cut to their first and last digits."""
-    text = repr(value)
-    return text if len(text) <= 40 else f"{text[:20]}...{text[-8:]} ({len(text)} characters)"
 
 
 #: Rates of a device (FLOP/s, bytes/s): below :data:`LEAST_RATE` no device's, and layer times overflow.
@@ -74,10 +70,10 @@ class Device:
             value = getattr(self, f.name)
             if f.name == "gpus_per_node":
                 if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 4096:
-                    raise ValueError(f"device.gpus_per_node must be an integer from 1 to 4096, got {_short(value)}")
+                    raise ValueError(f"device.gpus_per_node must be an integer from 1 to 4096, got {short(value)}")
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value):
-                raise ValueError(f"device.{f.name} must be a finite number, got {_short(value)}")
+                raise ValueError(f"device.{f.name} must be a finite number, got {short(value)}")
             if value < 0 or (value == 0 and not f.name.endswith("latency")):
                 raise ValueError(f"device.{f.name} must be > 0, got {value!r}")
             if f.name.endswith("efficiency") and not LEAST_EFFICIENCY <= value <= 1:

@@ -25,6 +25,7 @@ from ._options import (
                        check_int,
                        check_number,
                        own_fronts,
+                       short,
 )
 from ._problem import (
                        FASTEST,
@@ -56,7 +57,7 @@ from ._work import (
 __all__ = [
     "BACKENDS", "Backend", "BackendUnavailable", "cupy_available", "get_backend", "numba_available",
     "MAX_BYTES", "MAX_TIME", "MEGABYTE", "Front", "FrontTable", "LayerOption", "Layers", "buckets_down",
-    "buckets_up", "check_bucket", "check_int", "check_number", "own_fronts",
+    "buckets_up", "check_bucket", "check_int", "check_number", "own_fronts", "short",
     "FASTEST", "INFEASIBLE", "KNAPSACK", "StageProblem", "Verdict", "canonical", "kept_bytes", "verdict",
     "Ranking", "compact_codes", "rank", "Assignment", "PipelineChoice", "Stage", "StageChoice",
     "Solved", "check_max_bytes", "solve_knapsacks", "solve_problems",

@@ -9,7 +9,6 @@ capacity any problem below it reads, so rows narrow as stages fill up.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Hashable, NamedTuple, Sequence
@@ -18,7 +17,7 @@ import numpy as np
 
 from ._options import FrontTable
 from ._passes import Segment, option_tables
-from ._work import SUGGESTION_MARGIN, format_bytes
+from ._work import bucket_factor, format_bytes
 
 #: Most passes a cut at the cache target may compute again, as a share of the chunk before it.
 RECOMPUTE_SHARE = 0.25
@@ -88,7 +87,7 @@ def too_wide(capacity: int, max_bytes: int, bucket: float) -> str:
     if cells < 1:
         return (f"max_bytes={max_bytes} (--max-memory) is too small for any DP row; "
                 f"allow at least {row_bytes(1)} bytes")
-    factor = math.ceil((capacity + 1) / cells * SUGGESTION_MARGIN)  # a bucket's widths round: some room
+    factor = bucket_factor((capacity + 1) / cells)
     return (f"one DP row of {capacity + 1} buckets needs {row_bytes(capacity)} bytes of working memory, "
             f"over max_bytes={max_bytes}; use a bucket of at least {format_bytes(bucket * factor)} (--bucket), "
             f"or raise max_bytes (--max-memory)")

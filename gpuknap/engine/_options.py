@@ -114,6 +114,12 @@ def check_number(value: Any, field: str, *, allow_inf: bool = False) -> float:
     return value
 
 
+def short(value: Any) -> str:
+    """A value as a refusal shows it: a long one cut to its first and last characters, with its length."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:20]}...{text[-8:]} ({len(text)} characters)"
+
+
 def own_fronts(fronts: Any) -> Any:
     """A mapping's own copy with its option lists as tuples (a caller editing its lists later
     must not change a result or a model); anything else as given, for the validators to refuse."""

@@ -27,7 +27,7 @@ from ._problem import (
     zeros_row,
 )
 from ._results import Assignment, PipelineChoice, Stage, StageChoice
-from ._work import check_work, format_bytes, max_cells
+from ._work import bucket_factor, check_work, format_bytes, max_cells
 
 Fronts = Mapping[Hashable, Sequence[Any]]
 
@@ -67,8 +67,7 @@ def _guard(nbytes: int, cells: int, bucket: float, what: str, width: int) -> Non
     if over <= 1:
         check_work(cells, bucket, what)  # passes (and is counted)
         return
-    # the rows' width at a bucket f times larger is at most (width - 1) / f + 1: under width / over
-    factor = math.ceil((width - 1) / (width / over - 1)) if width > over else max(width, 1)
+    factor = bucket_factor(over, width)
     check_work(cells, bucket, what, factor)
     if nbytes > limit:
         raise ValueError(f"{what} needs {format_bytes(nbytes)} of DP tables (over {format_bytes(limit)}); "

@@ -33,7 +33,11 @@ _spent: ContextVar[list | None] = ContextVar("gpuknap_spent_cells", default=None
 
 
 class WorkTooLarge(ValueError):
-    """A computation was refused before it started: its estimated work exceeds the limit."""
+    """A computation was refused before it started: its estimated work (``cells``) exceeds the limit."""
+
+    def __init__(self, message: str, cells: int = 0):
+        super().__init__(message)
+        self.cells = cells
 
 
 def max_cells() -> int:
@@ -51,6 +55,17 @@ def work_limit(cells: int) -> Iterator[None]:
         yield
     finally:
         _max_cells.reset(token)
+
+
+def bucket_factor(ratio: float, width: int | None = None) -> int:
+    """How many times coarser a bucket must be to bring work or memory that is ``ratio`` times its
+    limit under it: :data:`SUGGESTION_MARGIN` over the ratio (widths round to whole buckets) and,
+    with the rows' ``width`` known, enough for the one cell each row keeps beyond its capacity (a
+    row of ``width`` cells is at most ``(width - 1) / f + 1`` at a bucket ``f`` times larger)."""
+    factor = math.ceil(ratio * SUGGESTION_MARGIN)
+    if width is not None and ratio > 1:
+        factor = max(factor, math.ceil((width - 1) / (width / ratio - 1)) if width > ratio else max(width, 1))
+    return factor
 
 
 @contextmanager
@@ -74,11 +89,10 @@ def check_work(cells: int, bucket: float, what: str = "this batch", factor: int 
         if spent is not None:
             spent[0] += cells
         return
-    # 10 % over the ratio: each row keeps one more cell than its capacity, and widths round to whole buckets
-    factor = max(math.ceil(cells / limit * SUGGESTION_MARGIN), factor)
+    factor = max(bucket_factor(cells / limit), factor)
     raise WorkTooLarge(
         f"{what} needs {cells:.3g} DP cells, over the work limit of {limit:.3g}; use a bucket of at least "
-        f"{format_bytes(bucket * factor)} (--bucket), or raise the limit (--max-work, gpuknap.work_limit)")
+        f"{format_bytes(bucket * factor)} (--bucket), or raise the limit (--max-work, gpuknap.work_limit)", cells)
 
 
 def format_bytes(n: float) -> str:

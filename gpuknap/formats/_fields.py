@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ..costs import device as costs_device
-from ..engine import MAX_BYTES, MAX_TIME
+from ..engine import MAX_BYTES, MAX_TIME, short
 from ..search import MAX_IN_FLIGHT, MAX_LAYERS, PipelineModel
 from ._documents import check_keys
 from ._units import parse_quantity
@@ -69,11 +69,6 @@ class Fields:
         if not isinstance(value, str):
             raise self.fail(field, f"expected a string, got {type(value).__name__}")
         return value
-
-
-def short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _override(value: Any, name: str, check) -> Any:

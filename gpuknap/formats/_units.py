@@ -14,6 +14,8 @@ import math
 import re
 from typing import Any
 
+from ..engine import short
+
 BYTES = {
     "": 1, "B": 1, "byte": 1, "bytes": 1,
     "KB": 2**10, "KiB": 2**10, "MB": 2**20, "MiB": 2**20,
@@ -61,7 +63,5 @@ def parse_quantity(value: Any, dimension: str, field: str) -> float:
     except OverflowError:  # an integer beyond any float
         result = math.inf
     if not math.isfinite(result):
-        text = repr(value)
-        shown = text if len(text) <= 40 else f"{text[:20]}...{text[-8:]} ({len(text)} characters)"
-        raise ValueError(f"{field}: must be finite, got {shown}")
+        raise ValueError(f"{field}: must be finite, got {short(value)}")
     return result

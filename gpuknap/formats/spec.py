@@ -207,12 +207,10 @@ def load_spec(path: str | os.PathLike, *, capacity: Any = None, micro_batches: i
             in_flight = tuple(tuple(r) for r in model.in_flight_table(stages, chunks))
         except ValueError as exc:
             what, sep, rest = str(exc).partition(": ")
-            if what == "micro_batches" and sep:  # the schedule is too long to build: blame what set M
+            if "micro_batches" in what:  # the schedule too long to build, or M not filling its groups: blame M
                 raise f.fail("--micro-batches (micro_batches=)" if given_micro_batches else "pipeline.micro_batches",
-                             rest) from None
-            if "micro_batches" in what:  # M does not fill the order's groups: blame what set M
-                raise f.fail("--micro-batches (micro_batches=)" if given_micro_batches else "pipeline.micro_batches",
-                             f"with {stages} stages x {chunks} chunks, {exc}") from None
+                             rest if what == "micro_batches" and sep
+                             else f"with {stages} stages x {chunks} chunks, {exc}") from None
             raise f.fail("pipeline.interleave", str(exc)) from None
     if bucket is None:
         bucket = f.quantity(data.get("bucket", MEGABYTE), "bucket", "bytes", positive=True)
