@@ -54,6 +54,7 @@ def _spec(args: argparse.Namespace, path: str | None, note_dp: bool = True, **ex
                      expert_tensor_parallel=args.etp, context_parallel=args.cp, data_parallel=args.dp,
                      recompute=args.recompute, **{"tp_comm_overlap": args.tp_comm_overlap, **extra},
                      **device_keywords(args))
+    args.bucket_field = spec.bucket_field  # named by refusals that suggest a bucket
     if note_dp and spec.kind == "config" and args.dp is None and "data_parallel" not in extra:
         note("--dp not given: data-parallel size 1, so the optimizer state is not sharded and no gradients are "
              "reduced; give --dp for the run you plan")

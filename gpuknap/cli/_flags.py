@@ -18,12 +18,24 @@ from ..formats import parse_quantity
 EXIT_OK, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 2, 3
 
 
+def _read(text: str, cast: Callable = float) -> Any:
+    """``cast(text)`` for plain ASCII numbers only: Python's own parsers also take ``1_000`` and
+    other scripts' digits, which no size (``--capacity``) or file gpuknap reads accepts."""
+    if "_" in text or not text.isascii():
+        raise ValueError(text)
+    return cast(text)
+
+
+def _hint(text: str) -> str:
+    return " (write it without underscores)" if "_" in text else ""
+
+
 def integer(flag: str, low: int, high: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
         try:
-            value = int(text)
+            value = _read(text, int)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text[:40]!r}") from None
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text[:40]!r}{_hint(text)}") from None
         if not low <= value <= high:
             raise argparse.ArgumentTypeError(f"expected an integer from {low} to {high:,}, got {text}")
         return value
@@ -50,7 +62,7 @@ def size(flag: str, zero: bool = False) -> Callable[[str], float]:
 def _plain(text: str) -> bool:
     """Whether ``text`` is a number without a unit (``80``, ``8e1``, ``+80``)."""
     try:
-        float(text.strip())
+        _read(text.strip())
     except ValueError:
         return False
     return True
@@ -62,9 +74,9 @@ def fraction(flag: str, low: float = 0.0) -> Callable[[str], float]:
 
     def parse(text: str) -> float:
         try:
-            value = float(text)
+            value = _read(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number {span}, got {text[:40]!r}") from None
+            raise argparse.ArgumentTypeError(f"expected a number {span}, got {text[:40]!r}{_hint(text)}") from None
         if not (low <= value <= 1 if low else 0 < value <= 1):
             raise argparse.ArgumentTypeError(f"expected a number {span}, got {text!r}")
         return value
@@ -78,10 +90,10 @@ def device_field(text: str) -> tuple[str, float]:
         raise argparse.ArgumentTypeError(f"expected FIELD=VALUE such as inter_bandwidth=25e9, got {text[:40]!r}")
     key = key.strip()
     try:
-        number = float(value)
+        number = _read(value.strip())
     except ValueError:
         if key != "memory":
-            raise argparse.ArgumentTypeError(f"{key}: expected a number, got {value[:40]!r}") from None
+            raise argparse.ArgumentTypeError(f"{key}: expected a number, got {value[:40]!r}{_hint(value)}") from None
         from ..formats import parse_quantity  # noqa: PLC0415 - the one field with units
         try:
             return key, parse_quantity(value.strip(), "bytes", "memory")
@@ -101,9 +113,9 @@ def number(low: float, what: str, cast: Callable = float, high: float = math.inf
     """A finite number from ``low`` to ``high`` (``what`` says what it is in the refusal)."""
     def parse(text: str) -> Any:
         try:
-            value = float(text)
+            value = _read(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text[:40]!r}") from None
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text[:40]!r}{_hint(text)}") from None
         if not low <= value < math.inf:
             raise argparse.ArgumentTypeError(f"expected {what} >= {low:g}, got {text!r}")
         if value > high:  # beyond it, sums with the stages' times lose them to rounding
@@ -193,7 +205,7 @@ def counts_list(text: str) -> list[int]:
     if "," in text and any(not part.strip() for part in text.split(",")):
         raise ValueError(f"--counts: an empty count between commas in {text[:40]!r}")
     try:
-        counts = [int(x) for x in text.replace(",", " ").split()]
+        counts = [_read(x, int) for x in text.replace(",", " ").split()]
     except ValueError:
         raise ValueError(f"--counts: expected comma-separated integers, got {text[:40]!r}") from None
     if not counts:

@@ -146,6 +146,11 @@ def _run(args: argparse.Namespace) -> int:
             code = args.func(args)
             done = True
             return code
+        except ValueError as exc:  # a suggested bucket: say where the one in use was set
+            field = getattr(args, "bucket_field", "")
+            if field and "(--bucket)" in str(exc):
+                raise ValueError(str(exc).replace("(--bucket)", f"(--bucket, or {field})", 1)) from None
+            raise
         finally:
             bar.close()
             release_notes(done)

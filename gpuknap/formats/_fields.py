@@ -24,6 +24,8 @@ class Spec:
     source: str
     name: str
     kind: str = "spec"  # "spec", "profile" (SAPP-PPB) or "config" (Hugging Face)
+    #: ``"PATH: bucket"`` when the file set the bucket (refusals that suggest one name it), else "".
+    bucket_field: str = ""
 
 
 class Fields:

@@ -212,9 +212,11 @@ def load_spec(path: str | os.PathLike, *, capacity: Any = None, micro_batches: i
                              rest if what == "micro_batches" and sep
                              else f"with {stages} stages x {chunks} chunks, {exc}") from None
             raise f.fail("pipeline.interleave", str(exc)) from None
+    field = ""
     if bucket is None:
         bucket = f.quantity(data.get("bucket", MEGABYTE), "bucket", "bytes", positive=True)
-    return Spec(model, stages, chunks, in_flight, bucket, path, name)
+        field = f"{path}: bucket" if "bucket" in data else ""
+    return Spec(model, stages, chunks, in_flight, bucket, path, name, bucket_field=field)
 
 
 def config_from(data: Mapping[str, Any], where: str = "transformer") -> TransformerConfig:

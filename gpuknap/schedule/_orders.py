@@ -61,8 +61,10 @@ def check_schedule(schedule: str, stages: int, chunks: int, micro_batches: int, 
                              f"({m} micro-batches, {p} stages)")
         return p
     if group is None and m % p:
+        near = " or ".join(str(k) for k in sorted({max(m // p, 1) * p, (m // p + 1) * p}))
         raise ValueError(f"the interleaved schedule needs micro_batches to be a multiple of stages ({m} micro-batches, "
-                         f"{p} stages), unless a micro-batch group size (group) larger than the stages allows it")
+                         f"{p} stages; {near} would do), unless Megatron's micro-batch group, larger than the "
+                         f"stages, allows it (group= in the Python API)")
     g = p if group is None else int(group)
     if not p <= g <= m:
         raise ValueError(f"the interleaved schedule needs stages <= group <= micro_batches (Megatron's micro-batch "

@@ -185,6 +185,9 @@ CASES = [
               lambda p: best_splits(load_spec(DEMO).model, 16, top=10**9)),
     flag_case("--max-work 1e5", ["best", DEMO, "--max-work", "1e5"], ["DP cells", "--bucket", "--max-work"]),
     flag_case("--bucket 256B", ["best", DEMO, "--bucket", "256B"], ["DP row", "--bucket", "--max-memory"]),
+    # a bucket the spec file set is named where a coarser one is suggested; api=False: the API loads it
+    spec_case("spec bucket 16 B", edited(lambda d: d.update(bucket="16 B")),
+              ["DP row", "(--bucket, or {f}: bucket)", "--max-memory"], api=False),
     Case("curve on 100,000 layers", ["curve", "{f}", "--stage", "0", "--counts", "25000,25000,25000,25000"],
          ["DP cells", "--bucket"], {"big.json": big_model},
          lambda p: least_times(load_spec(p["big.json"]).model.stages([25000] * 4)[0].groups,
@@ -600,6 +603,13 @@ MORE += [
     flag_case("--capacity 8e1", ["best", DEMO, "--capacity", "8e1"], ["--capacity", "'80GiB'"]),
     flag_case("--capacity +80", ["best", DEMO, "--capacity", "+80"], ["--capacity", "'80GiB'"]),
     flag_case("--bucket 1e-300", ["best", LLAMA, "--bucket", "1e-300"], ["bucket 1e-300 is too small"]),
+    # numbers as every size and file reads them: no underscores, no other scripts' digits (Python's own take both)
+    flag_case("--device-field 1_000_000", ["best", DEMO, "--device-field", "peak_flops=1_000_000"],
+              ["--device-field", "peak_flops", "without underscores"]),
+    flag_case("--efficiency 0.7_3", ["best", DEMO, "--efficiency", "0.7_3"], ["--efficiency", "without underscores"]),
+    flag_case("--max-work 1_0", ["best", DEMO, "--max-work", "1_0000000000"], ["--max-work", "without underscores"]),
+    flag_case("--stages arabic digits", ["best", DEMO, "--stages", "\u0661\u0666"], ["--stages", "an integer"]),
+    flag_case("--counts 1_0", ["timeline", DEMO, "--counts", "1_0,88"], ["--counts", "integers"]),
     flag_case("--device-field peak_flops=1e-300", ["best", LLAMA, "--device-field", "peak_flops=1e-300"],
               ["--device-field", "device.peak_flops", "at least"]),
     flag_case("--device-field efficiency=1e-300", ["best", LLAMA, "--device-field", "efficiency=1e-300"],

@@ -61,6 +61,9 @@ def test_interleaved_needs_micro_batches_divisible_by_stages():
     for schedule in ("interleaved", "interleaved-legacy"):
         with pytest.raises(ValueError, match="multiple of stages"):
             order(schedule, 4, 2, 6)
+    for m, near in ((6, "4 or 8 would do"), (3, "4 would do"), (9, "8 or 12 would do")):  # the nearest that do
+        with pytest.raises(ValueError, match=near):
+            order("interleaved", 4, 2, m)
 
 
 @pytest.mark.parametrize("bad", [{"forward": []}, {"forward": [[1.0], [1.0, 2.0]]}, {"forward": [[-1.0]]},
