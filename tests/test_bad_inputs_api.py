@@ -32,7 +32,8 @@ from gpuknap.sweep import sweep
 DEMO = os.path.join(EXAMPLES, "demo.json")  # HEAD, 96 BODY, TAIL; 16 stages, 32 micro-batches
 LLAMA = os.path.join(EXAMPLES, "llama2_70b.json")  # a transformer section: 80 layers, 64 heads
 CONFIGS = {name: json.load(open(os.path.join(EXAMPLES, f"{file}_config.json"))) for name, file in
-           (("llama", "llama2_7b"), ("mixtral", "mixtral_8x7b"), ("deepseek_v3", "deepseek_v3"), ("qwen2", "qwen2_7b"))}
+           (("llama", "llama2_7b"), ("mixtral", "mixtral_8x7b"), ("deepseek_v3", "deepseek_v3"), ("qwen2", "qwen2_7b"),
+            ("deepseek_v2", "deepseek_v2_lite"))}
 MEG = "--num-layers 96\n--pipeline-model-parallel-size 2\n--pipeline-model-parallel-layout 'Et*48|t*48L'\n"
 ONES = np.ones((1, 4, 1))
 
@@ -255,7 +256,9 @@ for family, fields in (("llama", ("hidden_size", "intermediate_size", "num_atten
                                     "vocab_size")),
                        ("deepseek_v3", ("hidden_size", "moe_intermediate_size", "n_routed_experts", "kv_lora_rank",
                                         "q_lora_rank", "qk_rope_head_dim", "v_head_dim", "intermediate_size")),
-                       ("qwen2", ("hidden_size", "intermediate_size", "vocab_size"))):
+                       ("qwen2", ("hidden_size", "intermediate_size", "vocab_size")),
+                       ("deepseek_v2", ("hidden_size", "moe_intermediate_size", "n_routed_experts", "n_shared_experts",
+                                        "kv_lora_rank", "qk_nope_head_dim", "intermediate_size"))):
     for key in fields:
         cli(f"{family}: {key} 10**8", ["best", "{f}", *RUN], ["{f}", key, "10,000,000"],
             {"config.json": _config(family, **{key: 10**8})})

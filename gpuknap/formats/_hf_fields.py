@@ -11,7 +11,9 @@ from ._documents import suggest
 #: ``model_type`` values read as dense decoders with a gated (SwiGLU) MLP.
 DENSE_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 #: ``model_type`` values read as mixture-of-experts models (:mod:`gpuknap.costs`).
-MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3")
+MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3")
+#: ``model_type`` values with DeepSeek's multi-head latent attention and its MoE layout.
+MLA_TYPES = ("deepseek_v2", "deepseek_v3")
 #: Fields every config may carry whatever its family (transformers' PretrainedConfig and what the
 #: Hub's files add): read or known not to change memory or time at this level.  Fields whose name
 #: starts with an underscore (``_name_or_path``, ``_comment``) are always accepted.
@@ -49,6 +51,11 @@ FAMILIES = {
                   num_attention_heads num_key_value_heads head_dim use_sliding_window sliding_window
                   max_window_layers decoder_sparse_step moe_intermediate_size num_experts_per_tok num_experts
                   norm_topk_prob output_router_logits router_aux_loss_coef mlp_only_layers layer_types"""),
+    "deepseek_v2": ("DeepseekV2ForCausalLM", """vocab_size hidden_size intermediate_size moe_intermediate_size
+                    num_hidden_layers num_attention_heads num_key_value_heads n_shared_experts n_routed_experts
+                    routed_scaling_factor kv_lora_rank q_lora_rank qk_rope_head_dim v_head_dim qk_nope_head_dim
+                    n_group topk_group num_experts_per_tok first_k_dense_replace norm_topk_prob moe_layer_freq
+                    scoring_func seq_aux topk_method aux_loss_alpha ep_size head_dim mlp_bias"""),
     "deepseek_v3": ("DeepseekV3ForCausalLM", """vocab_size hidden_size intermediate_size moe_intermediate_size
                     num_hidden_layers num_attention_heads num_key_value_heads n_shared_experts n_routed_experts
                     routed_scaling_factor kv_lora_rank q_lora_rank qk_rope_head_dim v_head_dim qk_nope_head_dim
@@ -67,7 +74,10 @@ NULL_KV_IS_HEADS = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen3"})
 HEAD_DIM = {"qwen3": 128}
 #: Optional integer fields and their values when absent (transformers' defaults; ``moe_layer_freq``
 #: is DeepSeek's own configuration_deepseek.py's, which transformers' built-in class lacks).
+#: DeepSeek-V2's ``n_shared_experts`` is not here: transformers' class defaults it to 2 and
+#: DeepSeek's own to none, so an absent one is refused rather than guessed.
 OPTIONAL = {
+    "deepseek_v2": {"first_k_dense_replace": 0, "q_lora_rank": 1536, "moe_layer_freq": 1},
     "deepseek_v3": {"first_k_dense_replace": 3, "n_shared_experts": 1, "q_lora_rank": 1536, "moe_layer_freq": 1},
     "qwen2_moe": {"shared_expert_intermediate_size": 5632, "decoder_sparse_step": 1},
     "qwen3_moe": {"decoder_sparse_step": 1},

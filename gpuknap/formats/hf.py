@@ -1,5 +1,5 @@
 """Hugging Face ``config.json`` files: dense (Llama, Mistral, Qwen2, Qwen3) and MoE (Mixtral,
-Qwen2-MoE, Qwen3-MoE, DeepSeek-V3) decoder models.
+Qwen2-MoE, Qwen3-MoE, DeepSeek-V2, DeepSeek-V3) decoder models.
 
 A config gives the model's shape; how it is trained (sequence length,
 micro-batch size, tensor- and data-parallel sizes) comes from the caller.
@@ -27,7 +27,7 @@ from ..engine import MEGABYTE
 from ..search import PipelineModel
 from ._documents import read_document
 from ._fields import DEVICE, TRAINING, Spec, check_arguments, default_reserved, device_of
-from ._hf_fields import HEAD_DIM, KV_HEADS, MOE_TYPES, NULL_KV_IS_HEADS, OPTIONAL, check_fields
+from ._hf_fields import HEAD_DIM, KV_HEADS, MLA_TYPES, MOE_TYPES, NULL_KV_IS_HEADS, OPTIONAL, check_fields
 
 #: Fields every dense config must give.
 REQUIRED = ("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers", "vocab_size")
@@ -60,7 +60,7 @@ def _moe_layout(data: Mapping, kind: str, layers: int, where: str) -> list[bool]
     """Which decoder layers are MoE layers, per family."""
     if kind == "mixtral":
         return [True] * layers
-    if kind == "deepseek_v3":
+    if kind in MLA_TYPES:
         first = _optional(data, "first_k_dense_replace", where, OPTIONAL[kind]["first_k_dense_replace"])
         freq = _optional(data, "moe_layer_freq", where, OPTIONAL[kind]["moe_layer_freq"], low=1)
         if first >= layers:
@@ -113,10 +113,9 @@ def architecture(data: Any, where: str) -> Architecture:
     experts, moe_layers, ffn = None, (), 0
     if kind in MOE_TYPES:
         top_k = _count(data, "num_experts_per_tok", where)
-        if kind == "deepseek_v3":
+        if kind in MLA_TYPES:
             experts_key, ffn_key = "n_routed_experts", "moe_intermediate_size"
-            shared = _optional(data, "n_shared_experts", where, OPTIONAL[kind]["n_shared_experts"])
-            shared_ffn = shared * _count(data, ffn_key, where)
+            shared_ffn = _deepseek_shared(data, kind, where) * _count(data, ffn_key, where)
         elif kind == "mixtral":
             experts_key, ffn_key, shared_ffn = "num_local_experts", "intermediate_size", 0
         else:
@@ -134,7 +133,7 @@ def architecture(data: Any, where: str) -> Architecture:
     else:
         ffn = _count(data, "intermediate_size", where)
     latent, kv_heads, head_dim = None, None, None
-    if kind == "deepseek_v3":
+    if kind in MLA_TYPES:
         # absent: transformers' 1536; null: queries projected directly (DeepSeek-V2-Lite's configs)
         q_lora = data.get("q_lora_rank", OPTIONAL[kind]["q_lora_rank"])
         latent = LatentAttention(q_lora=0 if q_lora is None else _count({"q_lora_rank": q_lora}, "q_lora_rank", where),
@@ -167,6 +166,18 @@ def architecture(data: Any, where: str) -> Architecture:
         raise ValueError(f"{where}: {exc}") from None
 
 
+def _deepseek_shared(data: Mapping, kind: str, where: str) -> int:
+    """DeepSeek's shared experts: ``n_shared_experts``, null for none (DeepSeek's modeling code
+    builds them only when it is not None); absent, DeepSeek-V3's class default 1, while for
+    DeepSeek-V2 transformers (2) and DeepSeek's own class (none) disagree: refused."""
+    if "n_shared_experts" not in data and kind == "deepseek_v2":
+        raise ValueError(f"{where}: n_shared_experts: missing; transformers' DeepseekV2Config defaults it to 2 "
+                         "and DeepSeek's own configuration_deepseek.py to none, so give it (null for none)")
+    if data.get("n_shared_experts", 0) is None:
+        return 0
+    return _optional(data, "n_shared_experts", where, OPTIONAL["deepseek_v3"]["n_shared_experts"])
+
+
 def _flag(data: Mapping, key: str, default: bool, where: str) -> bool:
     """A true/false field of a config (absent: ``default``), refused by name when it is anything else."""
     value = data.get(key, default)
@@ -181,8 +192,10 @@ def biases(data: Mapping, kind: str, where: str) -> dict:
     Qwen3; DeepSeek-V3's down-projections and O), Qwen2's Q, K, V always, Qwen2-MoE's with
     ``qkv_bias`` (default true), Llama's ``mlp_bias``; Mistral and Mixtral have none."""
     out: dict = {}
-    if kind in ("llama", "qwen3", "qwen3_moe", "deepseek_v3"):
+    if kind in ("llama", "qwen3", "qwen3_moe", *MLA_TYPES):
         out["qkv_bias"] = out["o_bias"] = _flag(data, "attention_bias", False, where)
+    if kind == "deepseek_v2" and _flag(data, "mlp_bias", False, where):  # in the class, not in DeepSeek's code
+        raise ValueError(f"{where}: mlp_bias: true is not read for deepseek_v2 (DeepSeek's MLPs have no biases)")
     elif kind == "qwen2":
         out["qkv_bias"] = True
     elif kind == "qwen2_moe":
@@ -254,6 +267,7 @@ def sliding_window(data: Mapping, kind: str, layers: int, where: str) -> tuple[i
 EXPERT_FIELDS = {"mixtral": ("num_local_experts", "intermediate_size", ""),
                  "qwen2_moe": ("num_experts", "moe_intermediate_size", "shared_expert_intermediate_size"),
                  "qwen3_moe": ("num_experts", "moe_intermediate_size", "shared_expert_intermediate_size"),
+                 "deepseek_v2": ("n_routed_experts", "moe_intermediate_size", "n_shared_experts"),
                  "deepseek_v3": ("n_routed_experts", "moe_intermediate_size", "n_shared_experts")}
 
 

@@ -133,3 +133,51 @@ def test_tied_embeddings_count_once_on_one_stage(stages):
 def test_tie_word_embeddings_must_be_a_boolean():
     with pytest.raises(ValueError, match="tie_word_embeddings"):
         hf.model_of(dict(QWEN25_05B, tie_word_embeddings="yes"), "x", 2**50, 8, seq=4096)
+
+
+DEEPSEEK_V2_LITE = os.path.join(EXAMPLES, "deepseek_v2_lite_config.json")
+#: DeepSeek-V2's published shape (its config.json on the Hub), beside the shipped V2-Lite.
+DEEPSEEK_V2 = dict(json.load(open(DEEPSEEK_V2_LITE)), hidden_size=5120, intermediate_size=12288,
+                   moe_intermediate_size=1536, num_hidden_layers=60, num_attention_heads=128, num_key_value_heads=128,
+                   n_routed_experts=160, q_lora_rank=1536, n_group=8, topk_group=3, topk_method="group_limited_greedy")
+
+
+def test_deepseek_v2_is_read_at_its_published_sizes():
+    """DeepSeek-V2 236B parameters (21B activated per token), DeepSeek-V2-Lite 15.7B (the
+    DeepSeek-V2 paper, arXiv:2405.04434, and the models' cards); counted here by hand: MLA
+    (with and without the query latent), one dense layer, the rest 2 shared and E routed experts."""
+    def by_hand(h, f, fe, layers, a, e, q_lora, v=102400, kv_lora=512, nope=128, rope=64, vd=128):
+        q = h * q_lora + q_lora + q_lora * a * (nope + rope) if q_lora else h * a * (nope + rope)
+        att = q + h * (kv_lora + rope) + kv_lora + kv_lora * a * (nope + vd) + a * vd * h + h  # and its norm
+        moe = h * e + (2 + e) * 3 * h * fe + h  # router, shared and routed experts, norm
+        return layers * att + (3 * h * f + h) + (layers - 1) * moe + 2 * v * h + h
+    lite = json.load(open(DEEPSEEK_V2_LITE))
+    assert total_params(lite) == by_hand(2048, 10944, 1408, 27, 16, 64, 0)
+    assert total_params(DEEPSEEK_V2) == by_hand(5120, 12288, 1536, 60, 128, 160, 1536)
+    assert total_params(lite) == pytest.approx(15.7e9, rel=0.005)
+    assert total_params(DEEPSEEK_V2) == pytest.approx(236e9, rel=0.005)
+    idle = 59 * (160 - 6) * 3 * 5120 * 1536  # routed experts a token does not use
+    assert total_params(DEEPSEEK_V2) - idle == pytest.approx(21e9, rel=0.03)
+
+
+def test_deepseek_v2_defaults_and_refusals():
+    """DeepseekV2Config's first_k_dense_replace is 0 (every layer MoE); its n_shared_experts is 2
+    in transformers and none in DeepSeek's own class, so an absent one is refused; null is none
+    (both families); mlp_bias true and V3's MTP field are refused."""
+    lite = json.load(open(DEEPSEEK_V2_LITE))
+    model = hf.model_of(without(lite, "first_k_dense_replace"), "x", 2**50, 1, seq=4096)
+    assert set(model.kinds[1:-1]) == {"moe"}
+    assert model.kinds == hf.model_of(dict(lite, first_k_dense_replace=0), "x", 2**50, 1, seq=4096).kinds
+    with pytest.raises(ValueError, match="n_shared_experts: missing.*transformers.*2.*none"):
+        total_params(without(lite, "n_shared_experts"))
+    h, fe = 2048, 1408
+    assert total_params(lite) - total_params(dict(lite, n_shared_experts=None)) == 26 * 2 * 3 * h * fe
+    assert total_params(dict(lite, n_shared_experts=None)) == total_params(dict(lite, n_shared_experts=0))
+    v3 = dict(json.load(open(DEEPSEEK)), num_nextn_predict_layers=0)
+    assert total_params(v3) - total_params(dict(v3, n_shared_experts=None)) == 58 * 3 * 7168 * 2048
+    assert total_params(without(v3, "n_shared_experts")) == total_params(v3)  # V3's class: 1
+    with pytest.raises(ValueError, match="mlp_bias"):
+        total_params(dict(lite, mlp_bias=True))
+    assert total_params(dict(lite, mlp_bias=False)) == total_params(lite)
+    with pytest.raises(ValueError, match="num_nextn_predict_layers.*deepseek_v3"):
+        total_params(dict(lite, num_nextn_predict_layers=1))
