@@ -293,7 +293,8 @@ def check_parallel(arch: Architecture, tr: Training, where: str, family: str = "
             _divides(t, "tensor-parallel (--tp)", arch.experts.shared_ffn, names[2], where)
         if tr.stage_ranks % (tr.ep * tr.etp):
             raise ValueError(f"{where}: expert-parallel x expert-tensor-parallel = {tr.ep * tr.etp} (--ep, --etp) must "
-                             f"divide the {tr.stage_ranks} ranks of a pipeline stage (TP x CP x DP)")
+                             f"divide the {tr.stage_ranks} ranks of a pipeline stage (TP x CP x DP = {tr.tp} x {tr.cp} x "
+                             f"{tr.dp}{'; give the data-parallel size, --dp' if tr.dp == 1 else ''})")
     rule = tr.sequence_rule()
     if rule:
         raise ValueError(f"{where}: {rule}")

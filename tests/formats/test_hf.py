@@ -176,3 +176,27 @@ def test_moe_examples_end_to_end(config, args):
     names = {name for st in out["stages"] for name in st["options"]}
     if "deepseek" in config:  # both decoder kinds are in the plan
         assert any(n.startswith("dense/") for n in names) and any(n.startswith("moe/") for n in names)
+
+
+def test_emitted_megatron_settings_of_an_ep_run_rank_back_with_dp(tmp_path):
+    """Megatron takes DP from the world size, so the settings gpuknap writes do not carry it: read
+    back without --dp, an EP run is refused naming --dp; with it, the same plan scores the same."""
+    env = {**os.environ, "GPUKNAP_BACKEND": "numpy"}
+    lite = os.path.join(EXAMPLES, "deepseek_v2_lite_config.json")
+    run = ["--capacity", "80GiB", "--seq", "4096", "--tp", "1", "--ep", "8"]
+
+    def gpuknap(*argv):
+        return subprocess.run([sys.executable, "-m", "gpuknap", *argv], capture_output=True, text=True, env=env,
+                              cwd=tmp_path)
+    made = gpuknap("best", lite, *run, "--dp", "8", "--stages", "4", "--micro-batches", "32", "--emit", "megatron")
+    assert made.returncode == 0, made.stderr
+    (tmp_path / "run.sh").write_text(made.stdout)
+    refused = gpuknap("rank", lite, "--capacity", "80GiB", "--from", "run.sh")
+    assert refused.returncode == 2 and "give the data-parallel size, --dp" in refused.stderr
+    best = json.loads(gpuknap("best", lite, *run, "--dp", "8", "--stages", "4", "--micro-batches", "32",
+                              "--json").stdout)["results"][0]
+    back = gpuknap("rank", lite, "--capacity", "80GiB", "--from", "run.sh", "--dp", "8", "--json")
+    assert back.returncode == 0, back.stderr
+    back = json.loads(back.stdout)["best"]
+    assert back["counts"] == best["counts"] and back["score"] == best["score"]
+    assert back["iteration_time_s"] == best["iteration_time_s"]
