@@ -18,7 +18,7 @@ from ..formats import Spec, load_spec
 from ..formats.splitfiles import distinct_rows, read_splits, write_scores
 from ..search import one_body_kind
 from ..search import best_splits, coverage, even_candidate
-from ._flags import EXIT_OK
+from ._flags import EXIT_OK, plural
 from ._frameworks import best_emit, rank_settings, settings_of_best
 from ._gantt import communication_shares
 from ._progress import note
@@ -298,11 +298,6 @@ def _rank_settings(args: argparse.Namespace) -> int:
     """Score a framework's settings on the model: its split with the recompute it sets."""
     return rank_settings(args, lambda a, **extra: _spec(a, a.spec, **extra), lambda p, t: _emit(args, p, t),
                          lambda spec: _header("rank", spec, "numpy"))
-
-
-def plural(n: int, word: str) -> str:
-    """``1 stage``, ``2 stages``."""
-    return f"{n} {word}" + ("" if n == 1 else "s")
 
 
 def _restaged(args: argparse.Namespace, spec: Spec, width: int, chunks: int) -> Spec:

@@ -200,6 +200,11 @@ def guarded(command: Callable[[], int]) -> int:
         return EXIT_INTERNAL
 
 
+def plural(n: int, word: str) -> str:
+    """``1 stage``, ``2 stages``, ``1,000 stages``."""
+    return f"{n:,} {word}" + ("" if n == 1 else "s")
+
+
 def counts_list(text: str) -> list[int]:
     """``--counts``: a split as comma- or space-separated integers."""
     if "," in text and any(not part.strip() for part in text.split(",")):

@@ -10,8 +10,8 @@ from .. import schedule
 from ..engine import FrontTable, get_backend, least_times
 from ..search import best_splits, even_counts
 from ._commands import (EXIT_INFEASIBLE, BadInput, _emit, _header, _max_bytes, _restaged, _spec, _stages,
-                        _stages_match, plural, schedule_size)
-from ._flags import EXIT_OK, counts_list
+                        _stages_match, schedule_size)
+from ._flags import EXIT_OK, counts_list, plural
 from ._gantt import communication_shares
 from ._plots import plot_curve, plot_timeline
 from ._report import run_record, run_summary

@@ -10,7 +10,7 @@ from typing import Any
 from .._version import __version__
 from ..engine import MAX_TOP
 from ..sweep import GRID_KEYS, MAX_TOP_ROWS, SCORES, sweep
-from ._flags import EXIT_OK, integer
+from ._flags import EXIT_OK, integer, plural
 from ._plots import plot_sweep
 from ._report import JSON_VERSION
 
@@ -107,7 +107,7 @@ def table(result: Any, limit: int = 30) -> str:
             lines.append(f"{'':>3} {'busiest stage: ' + parts}")
     if len(result.rows) > limit:
         lines.append(f"... {len(result.rows) - limit} more rows (--json for all)")
-    searched = f"{result.searched:,} configurations searched"
+    searched = f"{plural(result.searched, 'configuration')} searched"
     if result.top is not None:
         searched += (f", {result.pruned:,} pruned by bound (their fastest possible iteration is slower than "
                      f"row {result.top})")
@@ -115,7 +115,7 @@ def table(result: Any, limit: int = 30) -> str:
             searched += f", {result.unfit:,} proved not to fit without a search"
     lines.append(searched)
     if result.skipped:
-        lines.append(f"{len(result.skipped):,} configurations skipped:")
+        lines.append(f"{plural(len(result.skipped), 'configuration')} skipped:")
         reasons: dict[str, int] = {}
         for s in result.skipped:
             reasons[s["reason"]] = reasons.get(s["reason"], 0) + 1

@@ -501,3 +501,9 @@ def test_a_capacity_without_its_unit_is_pointed_out_when_nothing_fits(tmp_path, 
     (tmp_path / "s.json").write_text(json.dumps(spec))
     assert main(["best", str(tmp_path / "s.json"), "--capacity", "2GiB"]) == 1
     assert "without a unit" not in capsys.readouterr().out
+
+
+def test_counts_in_sentences_agree_with_their_nouns():
+    from gpuknap.cli._flags import plural  # noqa: PLC0415
+    assert [plural(n, "configuration") for n in (0, 1, 2, 1500)] == [
+        "0 configurations", "1 configuration", "2 configurations", "1,500 configurations"]
