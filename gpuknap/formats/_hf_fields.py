@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from ..engine import short
 from ._documents import suggest
 
 #: ``model_type`` values read as dense decoders with a gated (SwiGLU) MLP.
@@ -32,11 +33,11 @@ attention_dropout attention_bias pretraining_tp""".split())
 #: (from transformers' configuration classes and the published files).
 FAMILIES = {
     "llama": ("LlamaForCausalLM", """vocab_size hidden_size intermediate_size num_hidden_layers num_attention_heads
-              num_key_value_heads head_dim mlp_bias"""),
+              num_key_value_heads head_dim mlp_bias is_llama_config rope_interleaved"""),
     "mistral": ("MistralForCausalLM", """vocab_size hidden_size intermediate_size num_hidden_layers
                 num_attention_heads num_key_value_heads head_dim sliding_window"""),
     "qwen2": ("Qwen2ForCausalLM", """vocab_size hidden_size intermediate_size num_hidden_layers num_attention_heads
-              num_key_value_heads use_sliding_window sliding_window max_window_layers layer_types"""),
+              num_key_value_heads use_sliding_window sliding_window max_window_layers layer_types use_mrope"""),
     "qwen3": ("Qwen3ForCausalLM", """vocab_size hidden_size intermediate_size num_hidden_layers num_attention_heads
               num_key_value_heads head_dim use_sliding_window sliding_window max_window_layers layer_types"""),
     "mixtral": ("MixtralForCausalLM", """vocab_size hidden_size intermediate_size num_hidden_layers
@@ -88,6 +89,8 @@ def check_fields(data: Mapping, where: str) -> str:
     """The config's family, after checking that every field is one the family carries (a typo is
     refused with the nearest name) and that ``model_type`` and ``architectures`` agree."""
     kind: Any = data.get("model_type")
+    if kind is not None and not isinstance(kind, str):
+        raise ValueError(f"{where}: model_type: expected a string such as 'llama', got {type(kind).__name__}")
     arch = data.get("architectures")
     if arch is not None and (not isinstance(arch, list) or not all(isinstance(a, str) for a in arch)):
         raise ValueError(f"{where}: architectures: expected a list of class names, got {arch!r}"[:300])
@@ -95,8 +98,11 @@ def check_fields(data: Mapping, where: str) -> str:
     if kind is None and arch:
         kind = by_class.get(arch[0])
     if kind not in FAMILIES:
-        raise ValueError(f"{where}: model_type: {kind!r} is not a family gpuknap reads "
-                         f"(dense: {', '.join(DENSE_TYPES)}; MoE: {', '.join(MOE_TYPES)})")
+        same = by_class.get(arch[0]) if arch else None  # e.g. Kimi-K2: kimi_k2, DeepseekV3ForCausalLM
+        hint = (f"; its architectures says {arch[0]}: if the model is that class, set model_type to {same!r}"
+                if same else "")
+        raise ValueError(f"{where}: model_type: {short(kind)} is not a family gpuknap reads "
+                         f"(dense: {', '.join(DENSE_TYPES)}; MoE: {', '.join(MOE_TYPES)}){hint}")
     if arch and arch[0] != FAMILIES[kind][0]:
         raise ValueError(f"{where}: architectures: {arch[0]!r} contradicts model_type {kind!r} "
                          f"(which is {FAMILIES[kind][0]!r})")
@@ -107,6 +113,6 @@ def check_fields(data: Mapping, where: str) -> str:
         if key.startswith("_") or key in known:
             continue
         other = [f for f, (_, fields) in FAMILIES.items() if key in fields.split()]
-        hint = suggest(key, known) or (f" (a field of {', '.join(other)} configs)" if other else "")
-        raise ValueError(f"{where}: unknown field {key!r} for model_type {kind!r}{hint}")
+        hint = (suggest(key, known) if len(key) <= 100 else "") or (f" (a field of {', '.join(other)} configs)" if other else "")
+        raise ValueError(f"{where}: unknown field {short(key)} for model_type {kind!r}{hint}")
     return kind

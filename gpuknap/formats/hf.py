@@ -31,6 +31,8 @@ from ._hf_fields import HEAD_DIM, KV_HEADS, MLA_TYPES, MOE_TYPES, NULL_KV_IS_HEA
 
 #: Fields every dense config must give.
 REQUIRED = ("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers", "vocab_size")
+#: Fields that size a model: a file with one of them but no ``model_type`` is a config missing it.
+SHAPE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
 #: Most decoder layers a config may give (checked before any per-layer list is built).
 MAX_CONFIG_LAYERS = 100_000
 
@@ -88,10 +90,12 @@ def _moe_layout(data: Mapping, kind: str, layers: int, where: str) -> list[bool]
 
 
 def _optional(data: Mapping, key: str, where: str, default: int, low: int = 0) -> int:
-    """An optional integer field (null: the default), refused when it is not an integer >= low."""
+    """An optional integer field (absent: the default), refused when it is not an integer >= low:
+    a null too, which transformers' classes refuse or fail on for every field read this way."""
     value = data.get(key, default)
     if value is None:
-        return default
+        raise ValueError(f"{where}: {key}: expected an integer >= {low}, got null (leave the field out for "
+                         f"its default, {default})")
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise ValueError(f"{where}: {key}: expected an integer >= {low}, got {value!r}")
     if value > MAX_SIZE:
@@ -144,12 +148,18 @@ def architecture(data: Any, where: str) -> Architecture:
         kv_heads = data.get("num_key_value_heads", KV_HEADS[kind])
         if kv_heads is None and ("num_key_value_heads" not in data or kind in NULL_KV_IS_HEADS):
             kv_heads = heads
+        if kv_heads is None:  # given as null, and the family's class keeps the null
+            raise ValueError(f"{where}: num_key_value_heads: null, which {kind}'s configuration class keeps (its "
+                             "attention then fails); give the number of key/value heads")
         kv_heads = _count({"num_key_value_heads": kv_heads}, "num_key_value_heads", where)
         if heads % kv_heads:
             absent = "" if "num_key_value_heads" in data else f" (absent: transformers' default for {kind!r})"
             raise ValueError(f"{where}: num_key_value_heads: {kv_heads}{absent} does not divide "
                              f"num_attention_heads={heads}")
         head_dim = data.get("head_dim", HEAD_DIM.get(kind))
+        if head_dim is None and kind in HEAD_DIM and "head_dim" in data:
+            raise ValueError(f"{where}: head_dim: null, which {kind}'s class does not default (it defaults an absent "
+                             f"head_dim to {HEAD_DIM[kind]}); give the head dimension or leave the field out")
         if head_dim is not None:
             head_dim = _count({"head_dim": head_dim}, "head_dim", where)
         elif hidden % heads:
@@ -202,6 +212,9 @@ def biases(data: Mapping, kind: str, where: str) -> dict:
         out["qkv_bias"] = _flag(data, "qkv_bias", True, where)
     if kind == "llama":
         out["mlp_bias"] = _flag(data, "mlp_bias", False, where)
+    if kind == "qwen2" and _flag(data, "use_mrope", False, where):  # Qwen2-VL's multimodal rotary embedding
+        raise ValueError(f"{where}: use_mrope: true is Qwen2-VL's multimodal rotary embedding; gpuknap reads "
+                         "text-only qwen2 models (false, as Qwen2.5's published configs give it)")
     if kind in ("qwen3", "qwen3_moe"):
         out["qk_norm"] = True
     return out

@@ -123,6 +123,9 @@ def load_spec(path: str | os.PathLike, *, capacity: Any = None, micro_batches: i
     f.mapping(data, "(top level)")
     if hf.is_config(data):
         return hf.spec_of(data, path, capacity, micro_batches, stages, bucket, reserved, training)
+    if any(key in data for key in hf.SHAPE_FIELDS) and not any(key in data for key in TOP_LEVEL):
+        raise ValueError(f"{path}: not a Hugging Face config (no 'model_type' or 'architectures'), though it has "
+                         f"a config's fields; add the model_type its model has (e.g. \"llama\")")
     if "window" in training:
         raise ValueError(f"window: the attention window applies to a Hugging Face config, and {path} is not one")
     analytic = isinstance(data, Mapping) and "transformer" in data and "layers_description" not in data
