@@ -157,9 +157,10 @@ def architecture(data: Any, where: str) -> Architecture:
             raise ValueError(f"{where}: num_key_value_heads: {kv_heads}{absent} does not divide "
                              f"num_attention_heads={heads}")
         head_dim = data.get("head_dim", HEAD_DIM.get(kind))
-        if head_dim is None and kind in HEAD_DIM and "head_dim" in data:
-            raise ValueError(f"{where}: head_dim: null, which {kind}'s class does not default (it defaults an absent "
-                             f"head_dim to {HEAD_DIM[kind]}); give the head dimension or leave the field out")
+        if head_dim is None and kind in ("qwen3", "qwen3_moe") and "head_dim" in data:  # transformers fails on it
+            absent = HEAD_DIM[kind] if kind in HEAD_DIM else "hidden_size / num_attention_heads"
+            raise ValueError(f"{where}: head_dim: null, on which {kind}'s attention fails (an absent head_dim is "
+                             f"{absent}); give the head dimension or leave the field out")
         if head_dim is not None:
             head_dim = _count({"head_dim": head_dim}, "head_dim", where)
         elif hidden % heads:

@@ -67,10 +67,13 @@ def test_model_type_must_be_a_string(value):
     (dict(QWEN25_7B, use_sliding_window=True), "max_window_layers"),
     (DEEPSEEK, "first_k_dense_replace"), (DEEPSEEK, "moe_layer_freq"), (DEEPSEEK, "num_nextn_predict_layers"),
     ({**QWEN25_7B, "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "head_dim": 128}, "head_dim"),
+    ({**QWEN2_MOE, "model_type": "qwen3_moe", "head_dim": 128}, "head_dim"),
 ])
 def test_nulls_transformers_refuses_are_refused(data, key):
     """A null where the model's class gives it no meaning is refused, not read as the default."""
     data = without(data, "use_mrope") if data.get("model_type") != "qwen2" else data
+    if data["model_type"] == "qwen3_moe":
+        data = without(data, "shared_expert_intermediate_size")
     params(data)  # the field given, or absent: read
     with pytest.raises(ValueError, match=f"{key}: .*null"):
         params(dict(data, **{key: None}))
