@@ -20,6 +20,7 @@ from ..formats import framework
 from ..search import best_splits, constrained_splits, with_grouped
 from ._flags import EXIT_OK
 from ._plots import plot_best
+from ._progress import note
 from ._report import format_split, run_times, split_record
 
 EXIT_INFEASIBLE = 1
@@ -112,6 +113,7 @@ def _merge(args: argparse.Namespace, settings: Any, source: str) -> dict:
     returns the extra keywords for the spec (sequence parallelism)."""
     run = dict(getattr(settings, "run", {}) or {})
     gbs = run.pop("global_batch", None)
+    defaulted, etp_is_tp = run.pop("defaulted", {}), run.pop("etp_is_tp", False)  # a whole Megatron run's defaults
     extra = {}
     for key, value in run.items():
         if key in RUN_FLAGS:
@@ -120,7 +122,8 @@ def _merge(args: argparse.Namespace, settings: Any, source: str) -> dict:
                 raise _bad(f"{key}: expected an integer >= 1, got {value!r}", source)
             given = getattr(args, attr, None)
             if given is not None and given != value:
-                raise _bad(f"the settings run {key} = {value}, but {flag} {given}; drop the flag or fix the file",
+                why = f" ({defaulted[key]})" if key in defaulted else ""
+                raise _bad(f"the settings run {key} = {value}{why}, but {flag} {given}; drop the flag or fix the file",
                            source)
             setattr(args, attr, value)
         elif key in ("sequence_parallel", "tp_comm_overlap"):
@@ -135,6 +138,9 @@ def _merge(args: argparse.Namespace, settings: Any, source: str) -> dict:
         elif key == "window" and value:
             raise _bad(f"--window-size: a sliding window is costed only on a Hugging Face config, and {args.spec} "
                        "is not one", source)
+    if etp_is_tp and args.etp is not None and args.etp != (args.tp or 1):  # arguments.py: ETP defaults to TP
+        raise _bad(f"the settings give no --expert-tensor-parallel-size, so Megatron runs ETP = TP = {args.tp or 1}, "
+                   f"but --etp {args.etp}; drop the flag or write the size in the file", source)
     if gbs is not None:  # Megatron: micro-batches = global batch / (micro-batch size x data-parallel size)
         per = (args.micro_batch_size or 1) * (args.dp or 1)
         if gbs % per:
@@ -203,7 +209,13 @@ def rank_settings(args: argparse.Namespace, make_spec: Callable[..., Any], emit:
             args.micro_batches = run["micro_batches"]
         spec = make_spec(args)
     else:
-        spec = make_spec(args, **_merge(args, settings, source))
+        extra = _merge(args, settings, source)
+        unsaid = isinstance(settings, formats.megatron.Settings) and args.dp is None  # Megatron files never say DP
+        spec = make_spec(args, **extra, **({"note_dp": False} if unsaid else {}))
+        if unsaid and spec.kind == "config":
+            note("these Megatron settings do not give the data-parallel size (Megatron takes it from the world size, "
+                 "world / (TP x CP x PP)): DP 1 assumed, so the optimizer state is not sharded and no gradients are "
+                 "reduced; give --dp")
         if run.get("distributed_optimizer") is False and spec.model.costs.training.shards() > 1:
             raise _bad("the settings run without the distributed optimizer, and gpuknap's cost model shards the "
                        "optimizer over data-parallel ranks", source)

@@ -35,8 +35,13 @@ READ = {
     "--account-for-embedding-in-pipeline-split": 0, "--account-for-loss-in-pipeline-split": 0,
     "--num-layers-per-virtual-pipeline-stage": 1, "--num-virtual-stages-per-pipeline-rank": 1,
     "--distribute-saved-activations": 0, "--moe-layer-recompute": 0, "--hybrid-layer-pattern": 1,
-    "--model-parallel-size": 1, "--window-attn-skip-freq": 1,
+    "--model-parallel-size": 1, "--window-attn-skip-freq": 1, "--hybrid-override-pattern": 1,
+    "--microbatch-group-size-per-virtual-pipeline-stage": 1, "--optimizer": 1, "--use-megatron-fsdp": 0,
+    "--use-torch-fsdp2": 0,
 }
+#: A word naming one of Megatron's training programs: a file that runs one is a whole launch.
+LAUNCH = "(launch)"
+_PROGRAM = re.compile(r"(?:.*/)?pretrain_[a-z0-9_]+\.py")
 #: Megatron's own flags close to a read one (found in its argument definitions), left alone.
 KNOWN = {
     "--eval-global-batch-size", "--eval-micro-batch-size", "--rl-inference-expert-model-parallel-size",
@@ -48,6 +53,10 @@ KNOWN = {
     "--tp-comm-split-ag", "--tp-comm-split-rs", "--tp-comm-bootstrap-backend",
     "--no-tp-comm-overlap-ag", "--no-tp-comm-overlap-rs", "--no-tp-comm-bulk-wgrad", "--no-tp-comm-bulk-dgrad",
     "--no-tp-comm-split-ag", "--no-tp-comm-split-rs",
+    # arguments.py: the FP8/FP4 parameter all-gathers (2012-2016), beside --overlap-param-gather
+    "--fp8-param-gather", "--fp4-param-gather",
+    # arguments.py: deprecated, ignored with a warning on a GPT model (the non-hybrid branch of validate_args)
+    "--mtp-hybrid-override-pattern",
 }
 #: Names that look like Megatron flags but are not (its parser refuses them), with what to write.
 NOT_FLAGS = {
@@ -76,6 +85,8 @@ def arguments(text: str, path: str) -> dict[str, tuple[list[str], int]]:
     while i < len(tokens):
         word, line = tokens[i]
         i += 1
+        if word is not None and LAUNCH not in out and _PROGRAM.fullmatch(word):
+            out[LAUNCH] = ([word], line)  # the file runs pretrain_gpt.py (or another pretrain_*.py)
         if word is None or not word.startswith("--") or word == "--":
             continue
         flag, eq, value = word.partition("=")

@@ -9,7 +9,10 @@ docs/training_settings.md):
   with a method; the expert tensor-parallel size defaults to the tensor-parallel size; sequence
   parallelism is turned off when the tensor-parallel size is 1; the old ``--model-parallel-size``
   must not be set; the flags are spelt exactly (the parser allows no abbreviations);
-  ``--window-size`` is a tuple of integers written ``L,R`` or ``(L,R)``.
+  ``--window-size`` is a tuple of integers written ``L,R`` or ``(L,R)``; the global batch is
+  micro-batch size x DP when not given; ``--overlap-param-gather`` needs ``--overlap-grad-reduce``
+  and the distributed optimizer, Megatron FSDP or ``dist_muon``.  ``model_parallel_config.py``:
+  TP, CP and EP default to 1, the micro-batch group per virtual stage to the pipeline size.
 - ``megatron/core/transformer/utils.py`` (``get_sliding_window_causal_mask``): with a window
   ``(L, R)`` query ``i`` attends to keys ``i - L`` to ``i + R``; a causal model with ``R = 0``
   attends to ``L + 1`` keys (a Hugging Face ``sliding_window`` of ``W`` keys is ``W - 1,0``);
@@ -33,6 +36,8 @@ import math
 import re
 from typing import Any
 
+from ._arguments import LAUNCH
+
 #: Flags Megatron refuses beside a layout (arguments.py and transformer_config.py).
 LAYOUT_CONFLICTS = ("--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank",
                     "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
@@ -47,6 +52,19 @@ RUN = {"--tensor-model-parallel-size": ("tp", int), "--context-parallel-size": (
        "--micro-batch-size": ("micro_batch", int), "--global-batch-size": ("global_batch", int),
        "--seq-length": ("seq", int), "--sequence-parallel": ("sequence_parallel", bool),
        "--use-distributed-optimizer": ("distributed_optimizer", bool), "--moe-grouped-gemm": ("grouped_gemm", bool)}
+
+
+#: Sizes Megatron takes when a whole run leaves their flag out (model_parallel_config.py: TP 1 line 55,
+#: CP 1 line 100, EP 1 line 127); ETP is then TP (arguments.py 587-588), read by the command.
+DEFAULT_SIZES = {"tp": 1, "cp": 1, "ep": 1}
+#: Why a whole run's value is what it is when the file does not write it (named by refusals).
+DEFAULTED = {"tp": "no --tensor-model-parallel-size: Megatron's default, 1",
+             "cp": "no --context-parallel-size: Megatron's default, 1",
+             "ep": "no --expert-model-parallel-size: Megatron's default, 1",
+             "micro_batches": "no --global-batch-size: Megatron sets it to micro-batch size x data-parallel size "
+                              "in arguments.py, one micro-batch per iteration"}
+#: The optimizer gpuknap's cost model steps (Adam's moments and master weights; Megatron's default).
+OPTIMIZER = "adam"
 
 
 #: Context-parallel exchanges Transformer Engine runs (``attn_forward_func_with_cp``); only the
@@ -104,6 +122,8 @@ def _window(args: dict, path: str) -> tuple[int, bool] | None:
 def check_arguments(args: dict, path: str) -> dict:
     """The values of the flags read, checked as Megatron checks them."""
     _refuse(args, "--hybrid-layer-pattern", path, "a hybrid (Mamba) model's pattern; gpuknap reads GPT layouts")
+    _refuse(args, "--hybrid-override-pattern", path, "a hybrid (Mamba) model's pattern (the deprecated name of "
+                                                     "--hybrid-layer-pattern, arguments.py); gpuknap reads GPT layouts")
     _refuse(args, "--model-parallel-size", path, "no longer valid in Megatron; use --tensor-model-parallel-size")
     if "--window-size" in args:  # without a window the frequency changes nothing
         _refuse(args, "--window-attn-skip-freq", path, "some layers then attend to the whole sequence and others "
@@ -152,12 +172,15 @@ def check_arguments(args: dict, path: str) -> dict:
                      "recomputes nothing")
         method, num, modules = None, None, []
     run: dict[str, Any] = {}
-    whole = "--tensor-model-parallel-size" in args  # the file states the run, not a fragment of it
+    # the file states the run, not a fragment of it: it gives TP, or launches Megatron's training program
+    whole = "--tensor-model-parallel-size" in args or LAUNCH in args
     for flag, (key, kind) in RUN.items():
         if flag in args:
             run[key] = True if kind is bool else _int(args, flag, path)
         elif whole and key in ("sequence_parallel", "distributed_optimizer"):
             run[key] = False  # a switch a whole run leaves out is off: Megatron's default
+    if whole:
+        _defaults(args, run, notes)
     if "--cp-comm-type" in args:  # read to check a window against it (every type is costed as the p2p ring)
         types, line = args["--cp-comm-type"]
         wrong = [t for t in types if t not in CP_COMM_TYPES] or ([] if types else ["(none)"])
@@ -184,9 +207,7 @@ def check_arguments(args: dict, path: str) -> dict:
         run["tp_comm_overlap"] = True
     elif whole:
         run["tp_comm_overlap"] = False
-    if "--overlap-param-gather" in args and whole and not {"--use-distributed-optimizer", "--overlap-grad-reduce"} <= set(args):
-        _refuse(args, "--overlap-param-gather", path, "Megatron gathers parameters overlapped only with "
-                "--use-distributed-optimizer and --overlap-grad-reduce (arguments.py asserts both)")
+    _sharding(args, path, whole)
     if whole:  # said by the command, which knows whether the run has data parallelism
         run["overlap_grad_reduce"] = "--overlap-grad-reduce" in args
     window = _window(args, path)
@@ -206,7 +227,55 @@ def check_arguments(args: dict, path: str) -> dict:
             "layout": args["--pipeline-model-parallel-layout"][0][0], "num_layers": num_layers, "mtp": mtp,
             "granularity": granularity, "modules": list(modules) if granularity == "selective" else [],
             "method": method if granularity == "full" else None, "num": num if granularity == "full" else 0,
-            "run": run, "overlap": "--no-overlap-p2p-communication" not in args, "notes": notes}
+            "run": run, "overlap": "--no-overlap-p2p-communication" not in args, "notes": notes,
+            "group": _group(args, path)}
+
+
+def _defaults(args: dict, run: dict, notes: list) -> None:
+    """The sizes a whole run leaves at Megatron's defaults, and why (``run["defaulted"]``)."""
+    run["defaulted"] = {}
+    for key, value in DEFAULT_SIZES.items():
+        if key not in run:
+            run[key] = value
+            run["defaulted"][key] = DEFAULTED[key]
+    if "--tensor-model-parallel-size" not in args:
+        notes.append(f"{args[LAUNCH][0][0]} is launched without --tensor-model-parallel-size: costed with "
+                     "Megatron's default, TP 1")
+    if "--expert-tensor-parallel-size" not in args:  # arguments.py 587-588: ETP is then TP
+        run["etp_is_tp"] = True
+    if "--global-batch-size" not in args:  # arguments.py 702-704: global batch = micro-batch size x DP
+        run["micro_batches"] = 1
+        run["defaulted"]["micro_batches"] = DEFAULTED["micro_batches"]
+        notes.append("no --global-batch-size: Megatron sets it to micro-batch size x data-parallel size "
+                     "(arguments.py), so one micro-batch per iteration is costed")
+
+
+def _sharding(args: dict, path: str, whole: bool) -> None:
+    """The optimizer and the data-parallel sharding, checked as arguments.py checks them, then
+    those gpuknap does not model refused."""
+    optimizer = args["--optimizer"][0][0] if "--optimizer" in args else OPTIMIZER
+    if "--overlap-param-gather" in args and whole:  # arguments.py 1024-1029
+        if not ({"--use-distributed-optimizer", "--use-megatron-fsdp"} & set(args) or optimizer == "dist_muon"):
+            _refuse(args, "--overlap-param-gather", path, "Megatron gathers parameters overlapped only with "
+                    "--use-distributed-optimizer, --use-megatron-fsdp or --optimizer dist_muon (arguments.py "
+                    "asserts it)")
+        if "--overlap-grad-reduce" not in args:
+            _refuse(args, "--overlap-param-gather", path, "Megatron gathers parameters overlapped only with "
+                    "--overlap-grad-reduce (arguments.py asserts it)")
+    why = ("shards parameters and gradients over the data-parallel ranks as well as the optimizer state, which "
+           "gpuknap does not model (it shards the optimizer state: --use-distributed-optimizer)")
+    _refuse(args, "--use-megatron-fsdp", path, "Megatron FSDP (default --data-parallel-sharding-strategy "
+                                               "optim_grads_params) " + why)
+    _refuse(args, "--use-torch-fsdp2", path, "PyTorch FSDP2 " + why)
+    if optimizer != OPTIMIZER:
+        _refuse(args, "--optimizer", path, f"{optimizer}: gpuknap costs Adam's state and step (Megatron's default, "
+                                           f"--optimizer {OPTIMIZER}); other optimizers are not modelled")
+
+
+def _group(args: dict, path: str) -> tuple[int, int] | None:
+    """``--microbatch-group-size-per-virtual-pipeline-stage`` and its line (None when not given)."""
+    flag = "--microbatch-group-size-per-virtual-pipeline-stage"
+    return None if flag not in args else (_int(args, flag, path), args[flag][1])
 
 
 def check_layout(segments: tuple, values: dict, path: str) -> None:
@@ -230,6 +299,14 @@ def check_layout(segments: tuple, values: dict, path: str) -> None:
         if len(holding) > 1 or holding[0] // p != v - 1:
             raise ValueError(f"{where}: Megatron keeps all MTP layers (m) in one virtual stage, the last of its "
                              "pipeline rank")
+    group = values.get("group")
+    if v > 1 and group is not None and group[0] != p:  # model_parallel_config.py 567-568: the default is P
+        why = ("Megatron's interleaved schedule refuses a group smaller than the pipeline size (schedules.py)"
+               if group[0] < p else f"a group of {group[0]} warms up (v - 1) x {group[0]} forwards, not (v - 1) x {p} "
+               "(schedules.py), more micro-batches in flight than rank --from costs")
+        raise ValueError(f"{path}: line {group[1]}: --microbatch-group-size-per-virtual-pipeline-stage {group[0]}: "
+                         f"gpuknap costs Megatron's default group, the pipeline size ({p}); {why}; remove it or set "
+                         "it to the pipeline size")
     if v > 1 and not (p > 2 or (values["overlap"] and p > 1)):
         raise ValueError(f"{where}: {v} virtual stages per rank: Megatron's interleaved schedule needs more than 2 "
                          "pipeline stages, or more than 1 with its p2p overlap (on unless --no-overlap-p2p-communication)")

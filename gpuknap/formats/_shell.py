@@ -18,6 +18,10 @@ followed as far as a reader can without running the script:
   passes the variables holding flags, as written;
 - a variable set inside an ``if`` or ``case`` block is refused where it is used: which
   branch runs is not in the file; a variable the file does not set stays a ``$word``;
+- ``unset NAME`` removes the variable, as bash does (it passes nothing after); an array with
+  one element assigned or unset (``A[0]=...``, ``unset 'A[0]'``), or a variable unset inside an
+  ``if`` or ``case`` block, is refused where it is read; an array left unclosed at the end of
+  the file is refused (bash stops with a syntax error);
 - ``echo`` and ``printf`` commands pass nothing; ``VAR=value`` words before a program are its
   environment, not its words.
 
@@ -40,6 +44,7 @@ import shlex
 
 _ARRAY = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(\+?)=\((.*)", re.S)  # NAME=( or NAME+=(
 _ASSIGN = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(\+?)=(.*)", re.S)
+_ELEMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\[[^]]*\]\+?=.*", re.S)  # A[0]=... or A[i]+=...
 _REFERENCE = re.compile(r"\$(?:([A-Za-z_][A-Za-z0-9_]*)|\{([A-Za-z_][A-Za-z0-9_]*)(?:\[[@*]\])?\})")
 _FLAG = re.compile(r"(^|\s)--[a-z]")
 #: Commands whose words are printed, not passed.
@@ -169,7 +174,9 @@ def words(text: str, path: str, ends: bool = False) -> list[tuple[str | None, in
     stored: dict[str, list[tuple[str, int]]] = {}
     passed: set[str] = set()
     uncertain: dict[str, int] = {}  # variables set inside if / case blocks: the line
+    partly: dict[str, tuple[str, int]] = {}  # variables with an element assigned or unset: the word, the line
     array: tuple[str, list] | None = None  # an array being defined over several lines
+    opened = 0  # the line that array opens on
     depth = 0  # if / case blocks open
     ran = False  # a command other than assignments (a program run)
     stray: tuple[str, int] | None = None  # the first command that starts with a flag (outside if / case)
@@ -177,6 +184,8 @@ def words(text: str, path: str, ends: bool = False) -> list[tuple[str | None, in
     def expand(word: str, line: int, passing: bool = True) -> list[tuple[str, int]]:
         found = _REFERENCE.fullmatch(word)
         name = None if found is None else found.group(1) or found.group(2)
+        if name in partly:
+            _refuse_partly(path, line, word, *partly[name])
         if name not in stored:  # a plain word, or a variable the file does not set (refused if read)
             return [(word, line)]
         if name in uncertain:
@@ -197,6 +206,8 @@ def words(text: str, path: str, ends: bool = False) -> list[tuple[str | None, in
             held += expand(v, at, passing=False) if _REFERENCE.fullmatch(v) else [(v, at)]
         stored[name] = held
         passed.discard(name)
+        if not append:  # set whole again: every word known
+            partly.pop(name, None)
 
     for split, line, low, end in commands(text, path):
         if array is not None:  # the lines of an array defined over several: an unmatched ")" ends it
@@ -214,6 +225,13 @@ def words(text: str, path: str, ends: bool = False) -> list[tuple[str | None, in
         if split and split[0] in _PRINTERS:
             continue
         rest = _assignment(split)
+        element = _ELEMENT.fullmatch(rest[0]) if len(rest) == 1 else None
+        if element is not None:  # one element: refused where the array is read
+            partly.setdefault(element.group(1), (f"{rest[0][:40]}: one element assigned", line))
+            continue
+        if split and split[0] == "unset":
+            _unset(split[1:], line, depth, stored, uncertain, partly)
+            continue
         defined = _ARRAY.fullmatch(rest[0]) if rest else None
         if defined is not None:
             name, append, held = defined.group(1), bool(defined.group(2)), [defined.group(3)] + rest[1:]
@@ -224,6 +242,7 @@ def words(text: str, path: str, ends: bool = False) -> list[tuple[str | None, in
                 store(name, pairs, line, append)
             else:
                 array = (name, append, pairs)
+                opened = line
             continue
         assigned = _ASSIGN.fullmatch(rest[0]) if len(rest) == 1 else None
         if assigned is not None:
@@ -239,15 +258,43 @@ def words(text: str, path: str, ends: bool = False) -> list[tuple[str | None, in
             stray = passed_words[0]
         ran = ran or bool(program) and not led and not _ASSIGN.fullmatch(program[0]) and program[0] not in _KEYWORDS
         out += passed_words + ([(None, line)] if ends and passed_words else [])
+    if array is not None:  # bash: "syntax error: unexpected end of file"
+        raise ValueError(f"{path}: line {opened}: the array {array[0]}=( is never closed (no unmatched ')' before "
+                         "the end of the file; bash stops with a syntax error)")
     if ran and stray is not None:  # a script whose program runs: a line of flags is a command of its own
         raise ValueError(f"{path}: line {stray[1]}: {stray[0]}: bash runs this line as a command of its own (the "
                          "line before does not end with a backslash, or has a space or an empty line after it), so "
                          "these flags never reach the program; join the lines")
     if not ran:  # only definitions: a block of them (as gpuknap writes one), read as written
-        for held in stored.values():
+        for name, held in stored.items():
             if any(_FLAG.search(w) for w, _ in held):
+                if name in partly:
+                    _refuse_partly(path, held[0][1], name, *partly[name])
                 out += held + ([(None, held[-1][1])] if ends else [])
     return out
+
+
+def _unset(names: list[str], line: int, depth: int, stored: dict, uncertain: dict, partly: dict) -> None:
+    """``unset NAME ...`` (``-v``): the variables are gone, as in bash; ``unset -f`` (functions)
+    changes no variable; an element (``unset 'A[0]'``) leaves the array partly known, and an
+    unset inside an if or case block leaves whether it ran unknown."""
+    if names and names[0] == "-f":
+        return
+    for name in (n for n in names if not n.startswith("-")):
+        element = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)\[.*\]", name, re.S)
+        if element is not None:
+            partly.setdefault(element.group(1), (f"unset {name[:40]}: one element unset", line))
+        elif depth and name in stored:
+            partly[name] = (f"unset {name} inside an if or case block, which may not run", line)
+        else:
+            stored.pop(name, None)
+            uncertain.pop(name, None)
+            partly.pop(name, None)
+
+
+def _refuse_partly(path: str, line: int, word: str, how: str, at: int) -> None:
+    raise ValueError(f"{path}: line {line}: {word}: line {at} ({how}) leaves the words it passes unknown to gpuknap, "
+                     "which reads variables assigned whole (NAME=( ... ), NAME+=( ... ), NAME=...): write them so")
 
 
 def _assignment(split: list[str]) -> list[str]:

@@ -91,7 +91,7 @@ torchrun --nproc_per_node $GPUS_PER_NODE pretrain_gpt.py \\
     --pipeline-model-parallel-size 2 \\
     --pipeline-model-parallel-layout "Et*16|t*16L" \\
     --recompute-granularity full --recompute-method block --recompute-num-layers 3 \\
-    --micro-batch-size 1 --seq-length 4096 --tensor-model-parallel-size 8
+    --micro-batch-size 1 --seq-length 4096 --tensor-model-parallel-size 8 --global-batch-size 32
 """
     path = tmp_path / "run.sh"
     path.write_text(script)
