@@ -66,7 +66,8 @@ def best_emit(args: argparse.Namespace, spec: Any, stages: int, chunks: int, in_
         counts, names, value, best_time, even_time, choice, runs = even
         exact = False
         as_runs = "" if runs is None else f" (as runs, sends and tails included: {runs[1]:.4g} s against {runs[0]:.4g} s)"
-        notes.append(f"emitted: the even split (Megatron's default), which simulates to {even_time:.6g} against "
+        default = "Megatron's default" if name == "megatron" else "decoder layers even, the remainder on the last"
+        notes.append(f"emitted: the even split ({default}), which simulates to {even_time:.6g} against "
                      f"{best_time:.6g}{as_runs} for the {args.score} score's best plan (the score sees only stage "
                      f"totals, not unequal chunks); it scores {value:.6g}; --score simulated searches the simulated "
                      "time")

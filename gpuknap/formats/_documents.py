@@ -87,23 +87,36 @@ class DuplicateKey(ValueError):
     """A document gives one key twice in one mapping (the last would silently win)."""
 
 
+#: Longest integer literal read (Python's own limit on converting a string to an int is 4,300 digits).
+MAX_DIGITS = 4000
+
+
 def _yaml_loader(yaml: Any) -> Any:
-    """PyYAML's safe loader, refusing a key given twice in one mapping."""
+    """PyYAML's safe loader, refusing a key given twice in one mapping.  Merge keys (``<<: *base``)
+    are PyYAML's: the keys they bring in may be given again in the mapping, whose value wins."""
+    merge = "tag:yaml.org,2002:merge"
+
     class Loader(yaml.SafeLoader):
-        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
-            seen: dict = {}
-            for key_node, _ in node.value:
-                key = self.construct_object(key_node, deep=True)
-                line = key_node.start_mark.line + 1
-                try:
-                    first = seen.get(key)
-                except TypeError:
-                    continue  # an unhashable key: PyYAML refuses it itself
-                if first is not None:
-                    raise DuplicateKey(f"the key {key!r} is given twice (lines {first} and {line}); a YAML reader "
-                                       "keeps the last silently: keep one")
-                seen[key] = line
-            return super().construct_mapping(node, deep)
+        def flatten_mapping(self, node: Any) -> None:
+            # checked before PyYAML moves the merged keys into the mapping (a merged mapping is
+            # flattened here too, so its own keys are checked before it is merged)
+            if not getattr(node, "gpuknap_checked", False):
+                seen: dict = {}
+                for key_node, _ in node.value:
+                    if key_node.tag == merge:
+                        continue
+                    key = self.construct_object(key_node, deep=True)
+                    line = key_node.start_mark.line + 1
+                    try:
+                        first = seen.get(key)
+                    except TypeError:
+                        continue  # an unhashable key: PyYAML refuses it itself
+                    if first is not None:
+                        raise DuplicateKey(f"the key {key!r} is given twice (lines {first} and {line}); a YAML "
+                                           "reader keeps the last silently: keep one")
+                    seen[key] = line
+                node.gpuknap_checked = True
+            super().flatten_mapping(node)
     return Loader
 
 
@@ -117,6 +130,11 @@ def yaml_load(text: str, path: str) -> Any:
         return yaml.load(text, Loader=_yaml_loader(yaml))  # noqa: S506 - a SafeLoader subclass
     except DuplicateKey as exc:
         raise ValueError(f"{path}: {exc}") from None
+    except ValueError as exc:  # PyYAML's int() on an integer of over 4,300 digits
+        if "digits" not in str(exc):
+            raise
+        raise ValueError(f"{path}: not valid here: an integer of over 4,300 digits (no number gpuknap reads is "
+                         "that long)") from None
     except yaml.YAMLError as exc:
         where = getattr(exc, "problem_mark", None)
         at = f" at line {where.line + 1}" if where is not None else ""
@@ -142,8 +160,14 @@ def _json_load(text: str, path: str) -> Any:
     def no_constants(name: str) -> Any:
         raise ValueError(f"{path}: not valid JSON ({name} is not a JSON number)")
 
+    def whole(digits: str) -> int:  # Python refuses integers of over 4,300 digits, naming no file
+        if len(digits) > MAX_DIGITS:
+            raise ValueError(f"{path}: not valid here: an integer of {len(digits):,} digits (no number gpuknap "
+                             "reads is that long)")
+        return int(digits)
+
     try:
-        return json.loads(text, parse_constant=no_constants, object_pairs_hook=unique_pairs(path))
+        return json.loads(text, parse_constant=no_constants, parse_int=whole, object_pairs_hook=unique_pairs(path))
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
     except RecursionError:

@@ -22,6 +22,10 @@ The rules are MindFormers' own (docs/training_settings.md has each with its sour
   ``recompute`` from the recompute configuration).
 - ``tools/check_rules.py``: a flat recompute list has at most ``pipeline_stage`` entries;
   ``models/modeling_utils.py``: at least as many layers as stages (times chunks when interleaved).
+- the run keys, MindFormers' defaults for a file that states its run, the experts' tensor-parallel
+  size and the settings refused as not modelled (sequence pipelining, schedulers other than 1F1B,
+  interleaved micro-batches, LlamaConfig's ``pipeline_stage`` over part of the pipeline) are in
+  :mod:`._mindformers_checks`.
 """
 from __future__ import annotations
 
@@ -31,6 +35,8 @@ from typing import Any
 
 from ..search import MAX_LAYERS
 from ._documents import check_keys
+from ._mindformers_checks import check_unmodelled, model_offset, run_keys
+from ._mindformers_checks import integer as _integer
 from ._settings import check_misspelt, parse_document, settings_text
 from .framework import DECODER, EMBEDDING, LOSS, roles
 
@@ -106,12 +112,14 @@ RECOMPUTE_CONFIG = ("recompute", "select_recompute", "parallel_optimizer_comm_re
 RUNNER_CONFIG = ("batch_size", "epochs", "sink_mode", "sink_size", "gradient_accumulation_steps", "num_classes",
                  "stop_step")
 #: Sections read at the top of the file, and names of MindFormers' own close to them.
-TOP = ("parallel_config", "recompute_config", "model", "parallel", "runner_config", "use_legacy", "swap_config")
+TOP = ("parallel_config", "recompute_config", "model", "parallel", "runner_config", "use_legacy", "swap_config",
+       "moe_config", "micro_batch_interleave_num")
 TOP_KNOWN = ("use_parallel", "mode")
 #: Keys read in model.model_config.
 MODEL_CONFIG = ("num_layers", "num_hidden_layers", "offset", "pp_interleave_num", "virtual_pipeline_model_parallel_size",
                 "mtp_depth", "mtp_num_layers",
-                "num_nextn_predict_layers", "seq_length", "select_recompute", "select_comm_recompute", "recompute")
+                "num_nextn_predict_layers", "seq_length", "select_recompute", "select_comm_recompute", "recompute",
+                "pipeline_stage")
 
 
 def _section(data: Any, path: str, dotted: str, required: bool = True) -> Any:
@@ -122,12 +130,6 @@ def _section(data: Any, path: str, dotted: str, required: bool = True) -> Any:
             raise ValueError(f"{path}: {dotted}: missing")
         data = data[key]
     return data
-
-
-def _integer(value: Any, path: str, field_: str, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ValueError(f"{path}: {field_}: expected an integer from {low} to {high:,}, got {value!r}"[:300])
-    return value
 
 
 def _per_segment(value: Any, field_: str, path: str, stages: int, chunks: int, layers: list) -> tuple:
@@ -200,6 +202,7 @@ def load_data(data: Any, path: str) -> Settings:
     if _section(data, path, "swap_config.swap", False):
         raise ValueError(f"{path}: swap_config.swap: with swap, MindFormers reads the recompute lists as layer "
                          "indices; gpuknap reads counts per stage")
+    check_unmodelled(data, path)
     stages = _integer(_section(data, path, "parallel_config.pipeline_stage"), path, "parallel_config.pipeline_stage",
                       1, MAX_LAYERS)
     config = _section(data, path, "model.model_config")
@@ -238,7 +241,9 @@ def load_data(data: Any, path: str) -> Settings:
     if total < stages * chunks:
         raise ValueError(f"{path}: model.model_config.num_layers: {num_layers} layers" + (f" + {mtp} MTP" if mtp else "")
                          + f" for {stages} stages x {chunks} chunks (MindFormers needs at least one layer each)")
-    layers = _layers(config.get("offset", 0), path, stages, chunks, total)
+    offset, offset_key, more = model_offset(config, data, path, stages, legacy)
+    notes += more
+    layers = _layers(offset, path, stages, chunks, total, offset_key)
     rc = data.get("recompute_config") or {}
     lists = {"recompute": rc.get("recompute", False)}
     for key in ("select_recompute", "select_comm_recompute"):
@@ -257,16 +262,16 @@ def load_data(data: Any, path: str) -> Settings:
     decoders = list(layers)
     decoders[-1] -= mtp  # the MTP layers are the last layer ids
     if decoders[-1] < 0:
-        raise ValueError(f"{path}: model.model_config.offset: the last stage holds {layers[-1]} layers, fewer "
+        raise ValueError(f"{path}: {offset_key}: the last stage holds {layers[-1]} layers, fewer "
                          f"than the {mtp} MTP layers, which gpuknap places on it")
     clamp = [tuple(min(x, d) for x, d in zip(counts[k], decoders)) for k in lists]
-    return Settings(stages, chunks, num_layers, tuple(decoders), *clamp, mtp, _run(data, config, path, stages),
+    run = run_keys(data, config, path, stages, legacy)
+    return Settings(stages, chunks, num_layers, tuple(decoders), *clamp, mtp, run,
                     tuple(notes))
 
 
-def _layers(offset: Any, path: str, stages: int, chunks: int, total: int) -> list:
-    """Layers per (chunk, stage) from ``offset``, checked as LayerSetting checks it."""
-    field_ = "model.model_config.offset"
+def _layers(offset: Any, path: str, stages: int, chunks: int, total: int, field_: str) -> list:
+    """Layers per (chunk, stage) from ``offset`` (key ``field_``), checked as LayerSetting checks it."""
     rows = offset if isinstance(offset, list) else None
     flat = ([offset] if not isinstance(offset, list) else
             [x for r in offset for x in (r if isinstance(r, list) else [r])])
@@ -290,37 +295,3 @@ def _layers(offset: Any, path: str, stages: int, chunks: int, total: int) -> lis
         raise ValueError(f"{path}: {field_}: {offset!r} does not give {total} layers over {stages} stages x "
                          f"{chunks} chunks (a stage would hold {min(layers)} layers, or they sum to {sum(layers)})")
     return layers
-
-
-def _run(data: dict, config: dict, path: str, stages: int) -> dict:
-    """The run keys given: parallel sizes, micro-batches, sequence parallelism, batch, sequence, optimizer.
-    With one pipeline stage MindFormers resets ``micro_batch_num`` to 1 and accumulates
-    ``runner_config.gradient_accumulation_steps`` micro-batches instead (``base_trainer.py``), and
-    keeps the embedding whole on every model-parallel rank unless ``vocab_emb_dp`` is false (it
-    sets it false itself only with more stages: ``core/parallel_config.py``)."""
-    pc, out = data.get("parallel_config") or {}, {}
-    for key, name in (("data_parallel", "dp"), ("model_parallel", "tp"), ("context_parallel", "cp"),
-                      ("expert_parallel", "ep"), ("micro_batch_num", "micro_batches"),
-                      ("use_seq_parallel", "sequence_parallel")):
-        if key in pc:
-            out[name] = pc[key]
-    if stages == 1:
-        out.pop("micro_batches", None)
-        steps = (data.get("runner_config") or {}).get("gradient_accumulation_steps")
-        if steps is not None or "model_parallel" in pc:
-            out["micro_batches"] = 1 if steps is None else steps
-        if "model_parallel" in pc or "vocab_emb_dp" in pc:
-            out["vocab_emb_dp"] = pc.get("vocab_emb_dp", True)
-    # switches a file stating the run leaves out are off: MindFormers' defaults (tools/register/template.py)
-    if "model_parallel" in pc:
-        out.setdefault("sequence_parallel", False)
-    if "batch_size" in (data.get("runner_config") or {}):
-        out["micro_batch"] = data["runner_config"]["batch_size"]
-    if "seq_length" in config:
-        out["seq"] = config["seq_length"]
-    optimizer = _section(data, "", "parallel.enable_parallel_optimizer", False)
-    if optimizer is not None and not isinstance(optimizer, bool):
-        raise ValueError(f"{path}: parallel.enable_parallel_optimizer: expected true or false, got {optimizer!r}")
-    if optimizer is not None or "data_parallel" in pc:
-        out["distributed_optimizer"] = bool(optimizer)
-    return out

@@ -87,11 +87,12 @@ def dump(plan: FrameworkPlan) -> str:
         raise ValueError("sequence_parallel: MindFormers refuses MoE layers with model_parallel > 1 without "
                          "use_seq_parallel (tools/check_rules.py)")
     # with ETP = TP, Megatron's rule (EP x ETP divides TP x CP x DP) is MindFormers' (EP divides DP x CP:
-    # moe.py _check_moe_config)
+    # moe.py _check_moe_config).  The block leaves moe_config.expert_model_parallel out (legacy models then
+    # split the experts over model_parallel: llama_layer.py), as mcore models do not read it there.
     if run is not None and run.moe and run.etp != run.tp:
-        raise ValueError(f"expert_tensor_parallel: MindFormers has no expert tensor-parallel size of its own (its "
-                         f"experts split over model_parallel, {run.tp}); the plan assumed {run.etp}: plan with "
-                         "--etp equal to --tp")
+        raise ValueError(f"expert_tensor_parallel: the block splits the experts over model_parallel ({run.tp}), as "
+                         f"MindFormers does without moe_config.expert_model_parallel, which it does not write (only "
+                         f"legacy models read it there); the plan assumed {run.etp}: plan with --etp equal to --tp")
     if run is not None and run.tp_comm_overlap and run.tp > 1:
         raise ValueError("tp_comm_overlap: the plan hides TP communication behind the GEMMs as Megatron's "
                          "--tp-comm-overlap does, which MindFormers' settings cannot state; plan without it")

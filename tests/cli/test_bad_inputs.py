@@ -185,6 +185,9 @@ CASES = [
               lambda p: best_splits(load_spec(DEMO).model, 16, top=10**9)),
     flag_case("--max-work 1e5", ["best", DEMO, "--max-work", "1e5"], ["DP cells", "--bucket", "--max-work"]),
     flag_case("--bucket 256B", ["best", DEMO, "--bucket", "256B"], ["DP row", "--bucket", "--max-memory"]),
+    # integers longer than Python converts (4,300 digits): the file named, not Python's own remedy
+    spec_case("JSON integer of 5,000 digits", text('{"name": ' + "9" * 5000 + "}"), ["5,000 digits"]),
+    spec_case("YAML integer of 5,000 digits", text("name: " + "9" * 5000 + "\n"), ["4,300 digits"], suffix=".yaml"),
     # a bucket the spec file set is named where a coarser one is suggested; api=False: the API loads it
     spec_case("spec bucket 16 B", edited(lambda d: d.update(bucket="16 B")),
               ["DP row", "(--bucket, or {f}: bucket)", "--max-memory"], api=False),

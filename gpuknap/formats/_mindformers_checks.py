@@ -1,0 +1,174 @@
+"""A MindFormers configuration's run keys, and the settings gpuknap does not model, refused by name.
+
+Split from :mod:`._mindformers_read`.  The sources are MindFormers' (the mirror's ``mindformers/``):
+
+- ``tools/register/template.py``: ``ParallelConfig`` defaults every size and ``micro_batch_num``
+  to 1, ``RunnerConfig`` ``batch_size`` and ``gradient_accumulation_steps`` to 1,
+  ``use_seq_parallel`` to false; ``MoEConfig`` has ``expert_num`` 1 and ``expert_model_parallel``
+  None, and is applied to legacy models only (``_apply_template`` skips it for ``use_legacy: False``).
+  A file that states its run (``data_parallel`` or ``model_parallel`` given) is read with those
+  defaults for what it leaves out; a fragment leaves them to the command line.
+- ``models/llama/llama_layer.py`` (``LlamaFeedForward``, which the legacy MoE models use for their
+  experts) takes ``moe_config.expert_model_parallel`` as the experts' tensor-parallel size, None
+  meaning ``model_parallel``, and refuses values other than 1 and ``model_parallel``;
+  ``modules/transformer/moe.py`` (``MoEV2``) widens the experts' data parallelism by
+  ``model_parallel / expert_model_parallel``: Megatron's expert tensor parallelism.
+- ``trainer/base_trainer.py``: a micro-batch holds ``batch_size x micro_batch_interleave_num``
+  samples; ``models/llama/llama.py``: ``seq_split_num`` > 1 cuts each micro-batch's sequence
+  into pieces (sequence pipelining), which ``tools/check_rules.py`` pairs with the ``seqpipe`` and
+  ``seqvpp`` schedulers of ``parallel.pipeline_config.pipeline_scheduler`` (MindSpore's default
+  ``1f1b``, interleaved with ``pipeline_interleave``).
+- ``models/llama/llama_config.py``: ``model_config.pipeline_stage: {start_stage, stage_num,
+  offset}`` replaces the offsets and, through ``LayerSetting`` (``models/utils.py``), the stage
+  count when ``start_stage + stage_num <= parallel_config.pipeline_stage``; otherwise it is unused.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+#: parallel_config sizes read -> (run key, largest value); MindFormers' default for each is 1.
+SIZES = (("data_parallel", "dp", 10**6), ("model_parallel", "tp", 4096), ("context_parallel", "cp", 4096),
+         ("expert_parallel", "ep", 4096))
+MOST = 10**6  # micro-batches, samples per micro-batch
+
+
+def integer(value: Any, path: str, key: str, low: int, high: int) -> int:
+    """``value`` as an integer from ``low`` to ``high``, or ValueError naming the file and the key."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(f"{path}: {key}: expected an integer from {low} to {high:,}, got {value!r}"[:300])
+    return value
+
+
+def _switch(value: Any, path: str, key: str) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{path}: {key}: expected true or false, got {value!r}"[:300])
+    return value
+
+
+def _get(data: Any, dotted: str) -> Any:
+    for key in dotted.split("."):
+        if not isinstance(data, dict):
+            return None
+        data = data.get(key)
+    return data
+
+
+def check_unmodelled(data: dict, path: str) -> None:
+    """Refuse sequence pipelining, schedulers other than 1F1B and interleaved micro-batches."""
+    pc = data.get("parallel_config") or {}
+    split = pc.get("seq_split_num", 1)
+    if isinstance(split, bool) or split != 1:
+        raise ValueError(f"{path}: parallel_config.seq_split_num: {split!r}: sequence pipelining (each "
+                         "micro-batch's sequence cut into pieces, models/llama/llama.py) is not modelled; gpuknap "
+                         "costs whole-sequence micro-batches (seq_split_num: 1)"[:400])
+    pipeline = _get(data, "parallel.pipeline_config")
+    if isinstance(pipeline, dict) and "pipeline_scheduler" in pipeline and pipeline["pipeline_scheduler"] != "1f1b":
+        raise ValueError(f"{path}: parallel.pipeline_config.pipeline_scheduler: {pipeline['pipeline_scheduler']!r} "
+                         "is not modelled; gpuknap costs MindSpore's default '1f1b' (interleaved with "
+                         "pipeline_interleave: True)"[:400])
+    interleave = data.get("micro_batch_interleave_num", 1)
+    if isinstance(interleave, bool) or interleave != 1:
+        raise ValueError(f"{path}: micro_batch_interleave_num: {interleave!r}: interleaved micro-batches (each "
+                         "holding batch_size x micro_batch_interleave_num samples, trainer/base_trainer.py, run as "
+                         "interleaved parts) are not modelled; give 1"[:400])
+
+
+def model_offset(config: dict, data: dict, path: str, stages: int, legacy: bool) -> tuple:
+    """``(offset, its key, notes)`` that LayerSetting takes: ``model_config.pipeline_stage``'s where
+    LlamaConfig replaces ``offset`` with it, else ``model_config.offset``."""
+    given, key = config.get("pipeline_stage"), "model.model_config.pipeline_stage"
+    plain = (config.get("offset", 0), "model.model_config.offset", [])
+    if given is None:
+        return plain
+    if not legacy:
+        raise ValueError(f"{path}: {key}: mcore models (use_legacy: False) take it as another name of the pipeline "
+                         "size (transformer_config_utils.py), not LlamaConfig's {start_stage, stage_num, offset}; "
+                         "give the stages in parallel_config.pipeline_stage only")
+    if not isinstance(given, dict) or not {"start_stage", "stage_num", "offset"} <= set(given):
+        raise ValueError(f"{path}: {key}: expected a mapping of start_stage, stage_num and offset (LlamaConfig reads "
+                         f"all three), got {given!r}"[:300])
+    kind = config.get("type")
+    if kind != "LlamaConfig":
+        raise ValueError(f"{path}: {key}: LlamaConfig (llama_config.py) replaces the offsets and the stage count with "
+                         f"it; gpuknap cannot tell what {kind!r} does with it: give model.model_config.offset instead")
+    start = integer(given["start_stage"], path, f"{key}.start_stage", 0, 10**6)
+    count = integer(given["stage_num"], path, f"{key}.stage_num", 0, 10**6)
+    if start + count > stages:  # llama_config.py: the mapping is then unused, offset stays
+        note = (f"{key} is not used: start_stage + stage_num = {start + count} is more than "
+                f"parallel_config.pipeline_stage ({stages}), so LlamaConfig keeps offset")
+        return plain[0], plain[1], [note]
+    if count not in (0, stages):  # LayerSetting: stage_num 0 is every stage from stage 0
+        raise ValueError(f"{path}: {key}: the model's layers on {count} of the {stages} stages (from stage {start}), "
+                         "the others holding none, is not modelled: gpuknap lays the model over every stage")
+    return given["offset"], f"{key}.offset", []
+
+
+def run_keys(data: dict, config: dict, path: str, stages: int, legacy: bool) -> dict:
+    """The run keys given (MindFormers' defaults for what a file stating its run leaves out), checked
+    and named by their key.  With one pipeline stage MindFormers resets ``micro_batch_num`` to 1 and
+    accumulates ``runner_config.gradient_accumulation_steps`` micro-batches instead
+    (``base_trainer.py``), and keeps the embedding whole on every model-parallel rank unless
+    ``vocab_emb_dp`` is false (it sets it false itself only with more stages:
+    ``core/parallel_config.py``)."""
+    pc, runner, out = data.get("parallel_config") or {}, data.get("runner_config") or {}, {}
+    whole = "data_parallel" in pc or "model_parallel" in pc
+    defaulted = {}  # run key -> why, for the command line's refusal of a flag that says otherwise
+
+    def default(name: str, key: str) -> None:
+        defaulted[name] = f"MindFormers' default: the file states its run but gives no {key}, template.py"
+
+    for key, name, high in SIZES:
+        if key in pc or whole:
+            out[name] = integer(pc.get(key, 1), path, f"parallel_config.{key}", 1, high)
+            if key not in pc:
+                default(name, f"parallel_config.{key}")
+    if stages > 1 and ("micro_batch_num" in pc or whole):
+        out["micro_batches"] = integer(pc.get("micro_batch_num", 1), path, "parallel_config.micro_batch_num", 1, MOST)
+        if "micro_batch_num" not in pc:
+            default("micro_batches", "parallel_config.micro_batch_num")
+    steps = runner.get("gradient_accumulation_steps")
+    if stages == 1 and (steps is not None or whole):
+        out["micro_batches"] = integer(1 if steps is None else steps, path,
+                                       "runner_config.gradient_accumulation_steps", 1, MOST)
+        if steps is None:
+            default("micro_batches", "runner_config.gradient_accumulation_steps")
+    if stages == 1 and (whole or "vocab_emb_dp" in pc):
+        out["vocab_emb_dp"] = _switch(pc.get("vocab_emb_dp", True), path, "parallel_config.vocab_emb_dp")
+    if "use_seq_parallel" in pc or whole:
+        out["sequence_parallel"] = _switch(pc.get("use_seq_parallel", False), path, "parallel_config.use_seq_parallel")
+    if "batch_size" in runner or whole:
+        out["micro_batch"] = integer(runner.get("batch_size", 1), path, "runner_config.batch_size", 1, MOST)
+        if "batch_size" not in runner:
+            default("micro_batch", "runner_config.batch_size")
+    if "seq_length" in config:
+        out["seq"] = integer(config["seq_length"], path, "model.model_config.seq_length", 1, 10**7)
+    moe = data.get("moe_config")
+    if legacy and isinstance(moe, dict) and integer(moe.get("expert_num", 1), path, "moe_config.expert_num",
+                                                    1, 10**6) > 1:
+        out.update(_expert_tp(moe.get("expert_model_parallel"), out.get("tp"), path))
+        if "etp" in out and moe.get("expert_model_parallel") is None:
+            defaulted["etp"] = ("moe_config.expert_model_parallel not given: the experts split over model_parallel, "
+                                "llama_layer.py")
+    optimizer = _get(data, "parallel.enable_parallel_optimizer")
+    if optimizer is not None:
+        _switch(optimizer, path, "parallel.enable_parallel_optimizer")
+    if optimizer is not None or whole:
+        out["distributed_optimizer"] = bool(optimizer)
+    if defaulted:
+        out["defaulted"] = defaulted
+    return out
+
+
+def _expert_tp(value: Any, tp: int | None, path: str) -> dict:
+    """The experts' tensor-parallel size of a legacy MoE model: ``expert_model_parallel``, None
+    meaning ``model_parallel`` (llama_layer.py, which refuses other values than 1 and it)."""
+    key = "moe_config.expert_model_parallel"
+    if value is None:
+        return {} if tp is None else {"etp": tp}
+    value = integer(value, path, key, 1, 4096)
+    if value != 1 and value != tp:
+        said = (f"model_parallel ({tp})" if tp is not None else
+                "parallel_config.model_parallel, which this file does not give")
+        raise ValueError(f"{path}: {key}: {value}: MindFormers takes 1 or {said} here (llama_layer.py refuses "
+                         "other values)")
+    return {"etp": value}
