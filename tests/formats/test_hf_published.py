@@ -9,6 +9,8 @@ import subprocess
 import sys
 
 import pytest
+from test_hf_defaults import total_params as params
+from test_hf_defaults import without
 
 from gpuknap.formats import hf
 
@@ -29,15 +31,6 @@ DEEPSEEK = {"model_type": "deepseek_v3", "hidden_size": 1024, "intermediate_size
             "num_hidden_layers": 6, "num_attention_heads": 8, "n_routed_experts": 8, "num_experts_per_tok": 2,
             "n_shared_experts": 1, "first_k_dense_replace": 1, "kv_lora_rank": 128, "q_lora_rank": 256,
             "qk_nope_head_dim": 64, "qk_rope_head_dim": 32, "v_head_dim": 64, "vocab_size": 1000}
-
-
-def params(data: dict) -> float:
-    model = hf.model_of(data, "x", 2**50, 1, seq=4096)
-    return sum(model.costs.params[k] + model.costs.expert_params.get(k, 0.0) for k in model.kinds)
-
-
-def without(data: dict, *keys: str) -> dict:
-    return {k: v for k, v in data.items() if k not in keys}
 
 
 def test_qwen25_with_use_mrope_false_is_read():
