@@ -37,10 +37,13 @@ READ = {
     "--distribute-saved-activations": 0, "--moe-layer-recompute": 0, "--hybrid-layer-pattern": 1,
     "--model-parallel-size": 1, "--window-attn-skip-freq": 1, "--hybrid-override-pattern": 1,
     "--microbatch-group-size-per-virtual-pipeline-stage": 1, "--optimizer": 1, "--use-megatron-fsdp": 0,
-    "--use-torch-fsdp2": 0,
+    "--use-torch-fsdp2": 0, "--step-batch-size-schedule": 1, "--rampup-batch-size": "*",
 }
 #: A word naming one of Megatron's training programs: a file that runs one is a whole launch.
 LAUNCH = "(launch)"
+#: The first word passed that gpuknap cannot see into: a variable the file does not set, standing
+#: where flags may be (``$EXTRA_ARGS``, ``"$@"``, ``${ARGS[@]}`` of a sourced file); not a flag's value.
+UNSEEN = "(unseen)"
 _PROGRAM = re.compile(r"(?:.*/)?pretrain_[a-z0-9_]+\.py")
 #: Megatron's own flags close to a read one (found in its argument definitions), left alone.
 KNOWN = {
@@ -73,7 +76,7 @@ NOT_FLAGS = {
 _NUMBER = re.compile(r"-\d+|-\d*\.\d+")
 _NAME = re.compile(r"[a-z_][a-z0-9_+]*")  # module names, exchange types (a2a+p2p)
 #: Flags taking integers rather than names.
-SIZE_LISTS = ("--hierarchical-context-parallel-sizes",)
+SIZE_LISTS = ("--hierarchical-context-parallel-sizes", "--rampup-batch-size")
 _SIZES = (re.compile(r"\+?\d[\d_]*"), "an integer")
 
 
@@ -84,9 +87,14 @@ def arguments(text: str, path: str) -> dict[str, tuple[list[str], int]]:
     i = 0
     while i < len(tokens):
         word, line = tokens[i]
+        before = tokens[i - 1][0] if i else None
         i += 1
         if word is not None and LAUNCH not in out and _PROGRAM.fullmatch(word):
             out[LAUNCH] = ([word], line)  # the file runs pretrain_gpt.py (or another pretrain_*.py)
+        if word is not None and UNSEEN not in out and word.startswith("$") and (
+                "@" in word or "*" in word or before is None or not before.startswith("--") or "=" in before
+                or before in READ):  # after a read flag here, that flag is a switch: this is no value
+            out[UNSEEN] = ([word], line)  # may hold flags: the run is not all in the file
         if word is None or not word.startswith("--") or word == "--":
             continue
         flag, eq, value = word.partition("=")

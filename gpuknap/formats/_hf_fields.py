@@ -56,13 +56,14 @@ FAMILIES = {
                     num_hidden_layers num_attention_heads num_key_value_heads n_shared_experts n_routed_experts
                     routed_scaling_factor kv_lora_rank q_lora_rank qk_rope_head_dim v_head_dim qk_nope_head_dim
                     n_group topk_group num_experts_per_tok first_k_dense_replace norm_topk_prob moe_layer_freq
-                    scoring_func seq_aux topk_method aux_loss_alpha ep_size head_dim mlp_bias"""),
+                    scoring_func seq_aux topk_method aux_loss_alpha ep_size head_dim mlp_bias qk_head_dim
+                    output_router_logits"""),
     "deepseek_v3": ("DeepseekV3ForCausalLM", """vocab_size hidden_size intermediate_size moe_intermediate_size
                     num_hidden_layers num_attention_heads num_key_value_heads n_shared_experts n_routed_experts
                     routed_scaling_factor kv_lora_rank q_lora_rank qk_rope_head_dim v_head_dim qk_nope_head_dim
                     n_group topk_group num_experts_per_tok first_k_dense_replace norm_topk_prob rope_interleave
                     moe_layer_freq num_nextn_predict_layers scoring_func seq_aux topk_method aux_loss_alpha
-                    ep_size head_dim"""),
+                    ep_size head_dim qk_head_dim output_router_logits"""),
 }
 #: Per family, ``num_key_value_heads`` when the field is absent: transformers' default in
 #: ``configuration_<family>.py`` (None: the attention heads).

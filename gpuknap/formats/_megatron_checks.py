@@ -36,7 +36,7 @@ import math
 import re
 from typing import Any
 
-from ._arguments import LAUNCH
+from ._arguments import LAUNCH, UNSEEN
 
 #: Flags Megatron refuses beside a layout (arguments.py and transformer_config.py).
 LAYOUT_CONFLICTS = ("--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank",
@@ -172,15 +172,24 @@ def check_arguments(args: dict, path: str) -> dict:
                      "recomputes nothing")
         method, num, modules = None, None, []
     run: dict[str, Any] = {}
-    # the file states the run, not a fragment of it: it gives TP, or launches Megatron's training program
-    whole = "--tensor-model-parallel-size" in args or LAUNCH in args
+    # the file states the run, not a fragment of it: it gives TP, or launches Megatron's training program,
+    # and passes no word it cannot see into (which may hold any flag)
+    whole = ("--tensor-model-parallel-size" in args or LAUNCH in args) and UNSEEN not in args
+    if UNSEEN in args and ("--tensor-model-parallel-size" in args or LAUNCH in args):
+        word, line = args[UNSEEN][0][0], args[UNSEEN][1]
+        notes.append(f"line {line}: {word[:40]} passes words gpuknap cannot see, so the settings are read as a "
+                     "fragment: what they do not say comes from the spec and the command line, not Megatron's "
+                     "defaults")
     for flag, (key, kind) in RUN.items():
         if flag in args:
             run[key] = True if kind is bool else _int(args, flag, path)
         elif whole and key in ("sequence_parallel", "distributed_optimizer"):
             run[key] = False  # a switch a whole run leaves out is off: Megatron's default
     if whole:
-        _defaults(args, run, notes)
+        _defaults(args, run, notes, path)
+    if "--rampup-batch-size" in args:  # deprecated in Megatron; it ramps up to the global batch
+        notes.append("--rampup-batch-size: costed at the global batch the ramp ends at (--global-batch-size; "
+                     "recent Megatron ignores the ramp, older versions shrink only the first iterations)")
     if "--cp-comm-type" in args:  # read to check a window against it (every type is costed as the p2p ring)
         types, line = args["--cp-comm-type"]
         wrong = [t for t in types if t not in CP_COMM_TYPES] or ([] if types else ["(none)"])
@@ -231,7 +240,7 @@ def check_arguments(args: dict, path: str) -> dict:
             "group": _group(args, path)}
 
 
-def _defaults(args: dict, run: dict, notes: list) -> None:
+def _defaults(args: dict, run: dict, notes: list, path: str) -> None:
     """The sizes a whole run leaves at Megatron's defaults, and why (``run["defaulted"]``)."""
     run["defaulted"] = {}
     for key, value in DEFAULT_SIZES.items():
@@ -243,11 +252,28 @@ def _defaults(args: dict, run: dict, notes: list) -> None:
                      "Megatron's default, TP 1")
     if "--expert-tensor-parallel-size" not in args:  # arguments.py 587-588: ETP is then TP
         run["etp_is_tp"] = True
-    if "--global-batch-size" not in args:  # arguments.py 702-704: global batch = micro-batch size x DP
+    schedule = "--step-batch-size-schedule"
+    if schedule in args and "--global-batch-size" in args:  # arguments.py 698-701
+        _refuse(args, schedule, path, "Megatron refuses it beside --global-batch-size (arguments.py)")
+    if schedule in args:  # num_microbatches_calculator.py: the batch follows the schedule, step by step
+        run["global_batch"] = _largest_batch(args, path)
+        notes.append(f"{schedule}: costed at its largest global batch, {run['global_batch']} (the phase with the "
+                     "most micro-batches in flight)")
+    elif "--global-batch-size" not in args:  # arguments.py 702-704: global batch = micro-batch size x DP
         run["micro_batches"] = 1
         run["defaulted"]["micro_batches"] = DEFAULTED["micro_batches"]
         notes.append("no --global-batch-size: Megatron sets it to micro-batch size x data-parallel size "
                      "(arguments.py), so one micro-batch per iteration is costed")
+
+
+def _largest_batch(args: dict, path: str) -> int:
+    """The largest global batch of ``--step-batch-size-schedule "THRESHOLD:BS THRESHOLD:BS ..."``."""
+    (text,), line = args["--step-batch-size-schedule"]
+    sizes = [step.partition(":")[2] for step in text.split()]
+    if not sizes or not all(size.isdigit() and int(size) > 0 for size in sizes):
+        raise ValueError(f"{path}: line {line}: --step-batch-size-schedule: expected steps THRESHOLD:BATCH with "
+                         f"batches >= 1 (e.g. '0:768 250B:1536'), got {text[:60]!r}")
+    return max(int(size) for size in sizes)
 
 
 def _sharding(args: dict, path: str, whole: bool) -> None:
@@ -262,10 +288,10 @@ def _sharding(args: dict, path: str, whole: bool) -> None:
         if "--overlap-grad-reduce" not in args:
             _refuse(args, "--overlap-param-gather", path, "Megatron gathers parameters overlapped only with "
                     "--overlap-grad-reduce (arguments.py asserts it)")
-    why = ("shards parameters and gradients over the data-parallel ranks as well as the optimizer state, which "
-           "gpuknap does not model (it shards the optimizer state: --use-distributed-optimizer)")
-    _refuse(args, "--use-megatron-fsdp", path, "Megatron FSDP (default --data-parallel-sharding-strategy "
-                                               "optim_grads_params) " + why)
+    why = ("is not modelled: gpuknap costs Megatron's distributed optimizer (--use-distributed-optimizer), whose "
+           "sharding, buckets and overlap differ")
+    _refuse(args, "--use-megatron-fsdp", path, "Megatron FSDP (by default it also shards parameters and gradients, "
+                                               "--data-parallel-sharding-strategy optim_grads_params) " + why)
     _refuse(args, "--use-torch-fsdp2", path, "PyTorch FSDP2 " + why)
     if optimizer != OPTIMIZER:
         _refuse(args, "--optimizer", path, f"{optimizer}: gpuknap costs Adam's state and step (Megatron's default, "

@@ -63,9 +63,11 @@ def check_unmodelled(data: dict, path: str) -> None:
                          "costs whole-sequence micro-batches (seq_split_num: 1)"[:400])
     pipeline = _get(data, "parallel.pipeline_config")
     if isinstance(pipeline, dict) and "pipeline_scheduler" in pipeline and pipeline["pipeline_scheduler"] != "1f1b":
-        raise ValueError(f"{path}: parallel.pipeline_config.pipeline_scheduler: {pipeline['pipeline_scheduler']!r} "
-                         "is not modelled; gpuknap costs MindSpore's default '1f1b' (interleaved with "
-                         "pipeline_interleave: True)"[:400])
+        given = pipeline["pipeline_scheduler"]
+        raise ValueError(f"{path}: parallel.pipeline_config.pipeline_scheduler: "
+                         + ("null is not a scheduler" if given is None else f"{given!r} is not modelled")
+                         + "; gpuknap costs MindSpore's default '1f1b' (interleaved with pipeline_interleave: "
+                           "True)"[:400])
     interleave = data.get("micro_batch_interleave_num", 1)
     if isinstance(interleave, bool) or interleave != 1:
         raise ValueError(f"{path}: micro_batch_interleave_num: {interleave!r}: interleaved micro-batches (each "

@@ -286,8 +286,8 @@ def _unset(names: list[str], line: int, depth: int, stored: dict, uncertain: dic
             partly.setdefault(element.group(1), (f"unset {name[:40]}: one element unset", line))
         elif depth and name in stored:
             partly[name] = (f"unset {name} inside an if or case block, which may not run", line)
-        else:
-            stored.pop(name, None)
+        else:  # known to be empty: its references pass nothing (not words gpuknap cannot see)
+            stored[name] = []
             uncertain.pop(name, None)
             partly.pop(name, None)
 

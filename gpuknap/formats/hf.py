@@ -23,7 +23,7 @@ from typing import Any, Mapping
 
 from ..costs import MAX_SIZE, Architecture, Experts, LatentAttention, Training, build, fixed
 from ..costs import device as costs_device
-from ..engine import MEGABYTE
+from ..engine import MEGABYTE, short
 from ..search import PipelineModel
 from ._documents import read_document
 from ._fields import DEVICE, TRAINING, Spec, check_arguments, default_reserved, device_of
@@ -144,6 +144,10 @@ def architecture(data: Any, where: str) -> Architecture:
                                  kv_lora=_count(data, "kv_lora_rank", where),
                                  nope=_count(data, "qk_nope_head_dim", where),
                                  rope=_count(data, "qk_rope_head_dim", where), v_dim=_count(data, "v_head_dim", where))
+        qk = data.get("qk_head_dim")  # transformers writes it when it saves a config: nope + rope
+        if qk is not None and qk != latent.nope + latent.rope:
+            raise ValueError(f"{where}: qk_head_dim: {short(qk)} is not qk_nope_head_dim + qk_rope_head_dim = "
+                             f"{latent.nope + latent.rope}")
     else:
         kv_heads = data.get("num_key_value_heads", KV_HEADS[kind])
         if kv_heads is None and ("num_key_value_heads" not in data or kind in NULL_KV_IS_HEADS):
@@ -224,6 +228,8 @@ def biases(data: Mapping, kind: str, where: str) -> dict:
 def mtp_depths(data: Mapping, where: str) -> int:
     """Multi-token-prediction depths (``num_nextn_predict_layers``; absent: none), costed on the
     last stage where the Megatron settings gpuknap writes place them."""
+    if data.get("num_nextn_predict_layers", 0) is None:  # transformers keeps the null: no MTP layers built
+        return 0
     mtp = _optional(data, "num_nextn_predict_layers", where, 0)
     if mtp > 1000:
         raise ValueError(f"{where}: num_nextn_predict_layers: expected an integer from 0 to 1,000, got {mtp:,}")

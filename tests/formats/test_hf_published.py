@@ -58,7 +58,7 @@ def test_model_type_must_be_a_string(value):
 @pytest.mark.parametrize("data, key", [
     (QWEN2_MOE, "shared_expert_intermediate_size"), (QWEN2_MOE, "decoder_sparse_step"),
     (dict(QWEN25_7B, use_sliding_window=True), "max_window_layers"),
-    (DEEPSEEK, "first_k_dense_replace"), (DEEPSEEK, "moe_layer_freq"), (DEEPSEEK, "num_nextn_predict_layers"),
+    (DEEPSEEK, "first_k_dense_replace"), (DEEPSEEK, "moe_layer_freq"),
     ({**QWEN25_7B, "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "head_dim": 128}, "head_dim"),
     ({**QWEN2_MOE, "model_type": "qwen3_moe", "head_dim": 128}, "head_dim"),
 ])
@@ -70,6 +70,20 @@ def test_nulls_transformers_refuses_are_refused(data, key):
     params(data)  # the field given, or absent: read
     with pytest.raises(ValueError, match=f"{key}: .*null"):
         params(dict(data, **{key: None}))
+
+
+def test_deepseek_configs_saved_by_transformers_are_read():
+    """transformers writes qk_head_dim (nope + rope) and output_router_logits when it saves a
+    DeepSeek config, and keeps num_nextn_predict_layers: null (no MTP layers)."""
+    for family in ("deepseek_v2", "deepseek_v3"):
+        data = dict(DEEPSEEK, model_type=family)
+        saved = dict(data, qk_head_dim=64 + 32, output_router_logits=False)
+        assert params(saved) == params(data)
+        with pytest.raises(ValueError, match="qk_head_dim: 128 is not qk_nope_head_dim"):
+            params(dict(saved, qk_head_dim=128))
+    mtp = dict(DEEPSEEK, num_nextn_predict_layers=1)
+    assert params(dict(mtp, num_nextn_predict_layers=None)) == params(without(mtp, "num_nextn_predict_layers"))
+    assert params(mtp) > params(without(mtp, "num_nextn_predict_layers"))
 
 
 def test_nulls_with_a_meaning_are_read():

@@ -255,3 +255,37 @@ def test_an_unclosed_array_is_named_not_a_missing_layout(capsys, tmp_path):
         megatron.load_text(text, "x.sh")
     if BASH is not None:  # bash refuses it too
         assert subprocess.run([BASH, "-n"], input=text, text=True, capture_output=True).returncode != 0
+
+
+@pytest.mark.parametrize("tail", ['"$@"', "$EXTRA_ARGS", "${MORE_ARGS[@]}", "--overlap-grad-reduce $EXTRA"])
+def test_a_launch_passing_words_it_cannot_see_is_a_fragment(capsys, tmp_path, tail):
+    """Words the file does not define (a sourced file's arrays, "$@", an unset $EXTRA_ARGS) may carry
+    any flag: Megatron's defaults are not applied; what the file does not say comes from the command
+    line, as for a flags-only file, with a note naming the word. A variable after an unread flag is
+    that flag's value, not such a word."""
+    launch = BASE.replace(" --global-batch-size 64", "").replace(" --tensor-model-parallel-size 2", "")
+    rc, out, err, _ = rank(capsys, tmp_path, f"{launch} {tail}\n", *RUN, "--tp", "2", "--micro-batches", "64",
+                           "--json")
+    assert rc in (0, 1), err
+    notes = " ".join(json.loads(out)["notes"])
+    assert "passes words gpuknap cannot see" in notes and tail.split()[-1].strip('"')[:12] in notes
+    valued = f"{launch} --data-path $DATA_PATH\n"  # an unread flag's value: the launch is whole
+    refused(capsys, tmp_path, valued, ["tp = 1", "--tp 2"], *RUN, "--tp", "2")
+
+
+def test_batch_schedules(capsys, tmp_path):
+    """num_microbatches_calculator.py: --step-batch-size-schedule sets the batch step by step (costed at
+    its largest, the phase with the most micro-batches), and arguments.py 698-701 refuses it beside
+    --global-batch-size; --rampup-batch-size (deprecated) ends at --global-batch-size."""
+    plain = BASE.replace("--global-batch-size 64", "--global-batch-size 32") + "\n"
+    want, _ = scored(capsys, tmp_path, plain, *RUN, name="plain.sh")
+    steps = BASE.replace("--global-batch-size 64", "--step-batch-size-schedule '0:8 250B:16 500B:32'") + "\n"
+    got, _ = scored(capsys, tmp_path, steps, *RUN)
+    assert got["best"] == want["best"] and got["micro_batches"] == 32
+    assert any("largest global batch, 32" in n for n in got["notes"])
+    refused(capsys, tmp_path, steps.replace("--seq-length", "--global-batch-size 32 --seq-length"),
+            ["--step-batch-size-schedule", "beside --global-batch-size"], *RUN)
+    refused(capsys, tmp_path, steps.replace("0:8", "0:x"), ["--step-batch-size-schedule", "THRESHOLD:BATCH"], *RUN)
+    ramp = plain.replace("--seq-length", "--rampup-batch-size 16 8 300000 --seq-length")
+    got, _ = scored(capsys, tmp_path, ramp, *RUN)
+    assert got["best"] == want["best"] and any("--rampup-batch-size" in n for n in got["notes"])

@@ -135,6 +135,7 @@ def _scheduler(settings):
     (_scheduler("pipeline_scheduler: gpipe"), ["parallel.pipeline_config.pipeline_scheduler", "'gpipe'"]),
     (_scheduler("pipeline_interleave: True, pipeline_scheduler: seqvpp"), ["pipeline_scheduler", "'seqvpp'"]),
     (_scheduler("pipeline_scheduler: zero_bubble_v"), ["pipeline_scheduler", "'zero_bubble_v'"]),
+    (_scheduler("pipeline_scheduler: null"), ["pipeline_scheduler", "null is not a scheduler"]),
 ])
 def test_sequence_pipelining_and_other_schedulers_are_refused(capsys, tmp_path, change, words):
     _refused(capsys, _write(tmp_path, "s.yaml", WHOLE.replace(*change)), LLAMA, words, "--capacity", "80GiB")
@@ -164,7 +165,8 @@ def test_a_whole_file_without_model_parallel_runs_tp_1(capsys, tmp_path):
 def test_a_whole_file_without_micro_batch_num_runs_one_micro_batch(capsys, tmp_path):
     path = _write(tmp_path, "nombn.yaml", WHOLE.replace(", micro_batch_num: 8", ""))
     assert read_settings(path).run["micro_batches"] == 1
-    assert _scored(capsys, path, LLAMA, "--capacity", "80GiB")["micro_batches"] == 1
+    got = _scored(capsys, path, LLAMA, "--capacity", "80GiB")
+    assert got["micro_batches"] == 1 and any("no parallel_config.micro_batch_num" in n for n in got["notes"])
     _refused(capsys, path, LLAMA, ["micro_batches = 1", "no parallel_config.micro_batch_num", "--micro-batches 64"],
              "--micro-batches", "64",
              "--capacity", "80GiB")
