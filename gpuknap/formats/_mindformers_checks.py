@@ -68,11 +68,6 @@ def check_unmodelled(data: dict, path: str) -> None:
                          + ("null is not a scheduler" if given is None else f"{given!r} is not modelled")
                          + "; gpuknap costs MindSpore's default '1f1b' (interleaved with pipeline_interleave: "
                            "True)"[:400])
-    interleave = data.get("micro_batch_interleave_num", 1)
-    if isinstance(interleave, bool) or interleave != 1:
-        raise ValueError(f"{path}: micro_batch_interleave_num: {interleave!r}: interleaved micro-batches (each "
-                         "holding batch_size x micro_batch_interleave_num samples, trainer/base_trainer.py, run as "
-                         "interleaved parts) are not modelled; give 1"[:400])
 
 
 def model_offset(config: dict, data: dict, path: str, stages: int, legacy: bool) -> tuple:
@@ -142,6 +137,16 @@ def run_keys(data: dict, config: dict, path: str, stages: int, legacy: bool) -> 
         out["micro_batch"] = integer(runner.get("batch_size", 1), path, "runner_config.batch_size", 1, MOST)
         if "batch_size" not in runner:
             default("micro_batch", "runner_config.batch_size")
+    # base_trainer.py: a micro-batch holds batch_size x micro_batch_interleave_num samples, which
+    # MindSpore's MicroBatchInterleaved runs as that many slices, each one's communication beside the
+    # next one's computation: costed as one micro-batch of them all (its activations are all kept),
+    # the overlap not counted
+    slices = integer(data.get("micro_batch_interleave_num", 1), path, "micro_batch_interleave_num", 1, 1024)
+    if slices > 1:
+        if "micro_batch" not in out:
+            raise ValueError(f"{path}: micro_batch_interleave_num: {slices} multiplies runner_config.batch_size, "
+                             "which the file does not give; give it")
+        out["micro_batch"] *= slices
     if "seq_length" in config:
         out["seq"] = integer(config["seq_length"], path, "model.model_config.seq_length", 1, 10**7)
     moe = data.get("moe_config")

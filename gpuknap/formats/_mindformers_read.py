@@ -266,6 +266,9 @@ def load_data(data: Any, path: str) -> Settings:
                          f"than the {mtp} MTP layers, which gpuknap places on it")
     clamp = [tuple(min(x, d) for x, d in zip(counts[k], decoders)) for k in lists]
     run = run_keys(data, config, path, stages, legacy)
+    if data.get("micro_batch_interleave_num", 1) != 1:
+        notes.append(f"micro_batch_interleave_num {data['micro_batch_interleave_num']}: each micro-batch holds "
+                     f"{run['micro_batch']} samples, costed as one (the slices' communication overlap not counted)")
     if stages > 1 and "micro_batches" in run.get("defaulted", {}):
         notes.append("no parallel_config.micro_batch_num: MindFormers' default, one micro-batch per iteration "
                      "(template.py), is costed")

@@ -183,9 +183,17 @@ def test_a_fragment_leaves_the_sizes_to_the_command_line(tmp_path):
 
 # F5: trainer/base_trainer.py: a micro-batch holds batch_size x micro_batch_interleave_num samples.
 
-def test_interleaved_micro_batches_are_refused(capsys, tmp_path):
-    _refused(capsys, _write(tmp_path, "mbi.yaml", WHOLE + "micro_batch_interleave_num: 2\n"), LLAMA,
-             ["micro_batch_interleave_num", "2", "not modelled"], "--capacity", "80GiB")
+def test_interleaved_micro_batches_hold_batch_size_times_the_slices(capsys, tmp_path):
+    """MicroBatchInterleaved runs a micro-batch of batch_size x N samples as N slices: costed as one
+    micro-batch of them all, the same as batch_size x N without interleaving."""
+    two = _scored(capsys, _write(tmp_path, "mbi.yaml", WHOLE + "micro_batch_interleave_num: 2\n"), LLAMA,
+                  "--capacity", "80GiB")
+    doubled = WHOLE.replace("batch_size: 1}", "batch_size: 2}")
+    assert doubled != WHOLE
+    plain = _scored(capsys, _write(tmp_path, "bs2.yaml", doubled), LLAMA, "--capacity", "80GiB")
+    assert two["best"] == plain["best"] and any("micro_batch_interleave_num 2" in n for n in two["notes"])
+    _refused(capsys, _write(tmp_path, "mbi0.yaml", WHOLE + "micro_batch_interleave_num: 0\n"), LLAMA,
+             ["micro_batch_interleave_num", "from 1"], "--capacity", "80GiB")
     _refused(capsys, _write(tmp_path, "typo.yaml", WHOLE + "micro_batch_interleave_nm: 2\n"), LLAMA,
              ["micro_batch_interleave_nm", "did you mean 'micro_batch_interleave_num'"], "--capacity", "80GiB")
     one = _write(tmp_path, "one.yaml", WHOLE + "micro_batch_interleave_num: 1\n")
