@@ -38,6 +38,7 @@ READ = {
     "--model-parallel-size": 1, "--window-attn-skip-freq": 1, "--hybrid-override-pattern": 1,
     "--microbatch-group-size-per-virtual-pipeline-stage": 1, "--optimizer": 1, "--use-megatron-fsdp": 0,
     "--use-torch-fsdp2": 0, "--step-batch-size-schedule": 1, "--rampup-batch-size": "*",
+    "--decrease-batch-size-if-needed": 0,
 }
 #: A word naming one of Megatron's training programs: a file that runs one is a whole launch.
 LAUNCH = "(launch)"

@@ -187,6 +187,11 @@ def check_arguments(args: dict, path: str) -> dict:
             run[key] = False  # a switch a whole run leaves out is off: Megatron's default
     if whole:
         _defaults(args, run, notes, path)
+    if "--decrease-batch-size-if-needed" in args:  # num_microbatches_calculator.py: rounded down (_round)
+        if "--step-batch-size-schedule" in args:
+            _refuse(args, "--decrease-batch-size-if-needed", path, "Megatron refuses it beside "
+                    "--step-batch-size-schedule (num_microbatches_calculator.py)")
+        run["round_batch"] = True
     if "--rampup-batch-size" in args:  # deprecated in Megatron; it ramps up to the global batch
         notes.append("--rampup-batch-size: costed at the global batch the ramp ends at (--global-batch-size; "
                      "recent Megatron ignores the ramp, older versions shrink only the first iterations)")

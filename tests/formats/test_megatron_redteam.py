@@ -289,3 +289,14 @@ def test_batch_schedules(capsys, tmp_path):
     ramp = plain.replace("--seq-length", "--rampup-batch-size 16 8 300000 --seq-length")
     got, _ = scored(capsys, tmp_path, ramp, *RUN)
     assert got["best"] == want["best"] and any("--rampup-batch-size" in n for n in got["notes"])
+
+
+def test_a_batch_rounded_down_as_megatron_does(capsys, tmp_path):
+    """num_microbatches_calculator.py (_round): --decrease-batch-size-if-needed runs the largest multiple of
+    micro-batch size x DP under the global batch; without it such a batch is refused."""
+    odd = BASE.replace("--global-batch-size 64", "--global-batch-size 70") + "\n"
+    refused(capsys, tmp_path, odd, ["not a multiple"], "--capacity", "80GiB", "--dp", "4")
+    rc, out, err, _ = rank(capsys, tmp_path, odd.replace("--seq-length", "--decrease-batch-size-if-needed --seq-length"),
+                           "--capacity", "80GiB", "--dp", "4", "--json")
+    assert rc in (0, 1), err
+    assert json.loads(out)["micro_batches"] == 17 and "global batch of 68, not 70" in err
