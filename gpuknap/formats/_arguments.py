@@ -85,17 +85,21 @@ def arguments(text: str, path: str) -> dict[str, tuple[list[str], int]]:
     """The read flags of a text: ``{flag: (values, line)}`` (see the module docstring)."""
     tokens = words(text, path, ends=True)  # (None, line) ends each command
     out: dict[str, tuple[list[str], int]] = {}
+    unseen: list[tuple[str, int, bool]] = []  # words that may hold flags; whether after the program's name
+    running = False  # the command so far names the program (pretrain_gpt.py): its words are the program's
     i = 0
     while i < len(tokens):
         word, line = tokens[i]
         before = tokens[i - 1][0] if i else None
         i += 1
-        if word is not None and LAUNCH not in out and _PROGRAM.fullmatch(word):
-            out[LAUNCH] = ([word], line)  # the file runs pretrain_gpt.py (or another pretrain_*.py)
-        if word is not None and UNSEEN not in out and word.startswith("$") and (
+        running = running and word is not None
+        if word is not None and _PROGRAM.fullmatch(word):
+            out.setdefault(LAUNCH, ([word], line))  # the file runs pretrain_gpt.py (or another pretrain_*.py)
+            running = True
+        if word is not None and word.startswith("$") and (
                 "@" in word or "*" in word or before is None or not before.startswith("--") or "=" in before
                 or before in READ):  # after a read flag here, that flag is a switch: this is no value
-            out[UNSEEN] = ([word], line)  # may hold flags: the run is not all in the file
+            unseen.append((word, line, running))  # the launcher's own ($DISTRIBUTED_ARGS to torchrun) aside
         if word is None or not word.startswith("--") or word == "--":
             continue
         flag, eq, value = word.partition("=")
@@ -143,4 +147,7 @@ def arguments(text: str, path: str) -> dict[str, tuple[list[str], int]]:
                 raise ValueError(f"{path}: line {line}: {flag} {v}: a shell variable; gpuknap reads values written "
                                  "in the file (write the number, or run the script with `bash -x` to see it)")
         out[flag] = (values, line)
+    passed = [(w, at) for w, at, after in unseen if after or LAUNCH not in out]
+    if passed:  # may hold flags: the run is not all in the file
+        out[UNSEEN] = ([passed[0][0]], passed[0][1])
     return out

@@ -300,3 +300,11 @@ def test_a_batch_rounded_down_as_megatron_does(capsys, tmp_path):
                            "--capacity", "80GiB", "--dp", "4", "--json")
     assert rc in (0, 1), err
     assert json.loads(out)["micro_batches"] == 17 and "global batch of 68, not 70" in err
+
+
+def test_a_launchers_own_variables_do_not_make_a_fragment(capsys, tmp_path):
+    """torchrun's arguments ($DISTRIBUTED_ARGS, set outside the file) are not the program's: the launch
+    stays whole, at Megatron's defaults."""
+    launch = BASE.replace(" --global-batch-size 64", "").replace("python pretrain_gpt.py",
+                                                                  "torchrun $DISTRIBUTED_ARGS pretrain_gpt.py") + "\n"
+    refused(capsys, tmp_path, launch, ["micro_batches = 1", "--micro-batches 64"], *RUN, "--micro-batches", "64")
