@@ -54,7 +54,7 @@ def _get(data: Any, dotted: str) -> Any:
 
 
 def check_unmodelled(data: dict, path: str) -> None:
-    """Refuse sequence pipelining, schedulers other than 1F1B and interleaved micro-batches."""
+    """Refuse sequence pipelining and schedulers other than 1F1B."""
     pc = data.get("parallel_config") or {}
     split = pc.get("seq_split_num", 1)
     if isinstance(split, bool) or split != 1:

@@ -284,8 +284,9 @@ def _unset(names: list[str], line: int, depth: int, stored: dict, uncertain: dic
         element = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)\[.*\]", name, re.S)
         if element is not None:
             partly.setdefault(element.group(1), (f"unset {name[:40]}: one element unset", line))
-        elif depth and name in stored:
-            partly[name] = (f"unset {name} inside an if or case block, which may not run", line)
+        elif depth:  # may not run: a variable set before is then unknown; one never set stays unseen
+            if name in stored:
+                partly[name] = (f"unset {name} inside an if or case block, which may not run", line)
         else:  # known to be empty: its references pass nothing (not words gpuknap cannot see)
             stored[name] = []
             uncertain.pop(name, None)
