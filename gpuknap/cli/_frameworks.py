@@ -113,7 +113,8 @@ def _merge(args: argparse.Namespace, settings: Any, source: str) -> dict:
     """Set the run values the settings give on ``args`` (refusing a flag that says otherwise);
     returns the extra keywords for the spec (sequence parallelism)."""
     run = dict(getattr(settings, "run", {}) or {})
-    gbs, round_batch = run.pop("global_batch", None), run.pop("round_batch", False)
+    gbs, round_batch = run.pop("global_batch", None), run.pop("round_batch", None)
+    gbs_flag = run.pop("global_batch_flag", None) or "--global-batch-size"
     defaulted, etp_is_tp = run.pop("defaulted", {}), run.pop("etp_is_tp", False)  # a whole Megatron run's defaults
     extra = {}
     for key, value in run.items():
@@ -144,13 +145,17 @@ def _merge(args: argparse.Namespace, settings: Any, source: str) -> dict:
                    f"but --etp {args.etp}; drop the flag or write the size in the file", source)
     if gbs is not None:  # Megatron: micro-batches = global batch / (micro-batch size x data-parallel size)
         per = (args.micro_batch_size or 1) * (args.dp or 1)
-        if round_batch and gbs % per and gbs >= per:  # --decrease-batch-size-if-needed: rounded down
+        if round_batch == "eval" and gbs % per and gbs >= per:  # --decrease-batch-size-if-needed: rounded down
             note(f"--decrease-batch-size-if-needed: Megatron runs a global batch of {gbs // per * per}, not {gbs} "
                  f"(a multiple of micro-batch size x data-parallel size, {per})")
             gbs = gbs // per * per
         if gbs % per:
-            raise _bad(f"--global-batch-size {gbs} is not a multiple of micro-batch size x data-parallel size "
-                       f"({per}); Megatron refuses it", source)
+            why = ("; --decrease-batch-size-if-needed would round it, but arguments.py first checks that the "
+                   "evaluation batch (the global batch, without --eval-global-batch-size) divides"
+                   if round_batch == "refused" else "")
+            raise _bad(f"the global batch ({gbs_flag}: {gbs}) is not a multiple of micro-batch size x data-parallel "
+                       f"size ({per}); "
+                       f"Megatron refuses it{why}", source)
         if args.micro_batches is not None and args.micro_batches != gbs // per:
             raise _bad(f"the settings run {gbs // per} micro-batches (--global-batch-size {gbs}), but "
                        f"--micro-batches {args.micro_batches}", source)

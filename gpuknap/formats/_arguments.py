@@ -38,14 +38,19 @@ READ = {
     "--model-parallel-size": 1, "--window-attn-skip-freq": 1, "--hybrid-override-pattern": 1,
     "--microbatch-group-size-per-virtual-pipeline-stage": 1, "--optimizer": 1, "--use-megatron-fsdp": 0,
     "--use-torch-fsdp2": 0, "--step-batch-size-schedule": 1, "--rampup-batch-size": "*",
-    "--decrease-batch-size-if-needed": 0,
+    "--decrease-batch-size-if-needed": 0, "--eval-global-batch-size": 1,
 }
 #: A word naming one of Megatron's training programs: a file that runs one is a whole launch.
 LAUNCH = "(launch)"
 #: The first word passed that gpuknap cannot see into: a variable the file does not set, standing
 #: where flags may be (``$EXTRA_ARGS``, ``"$@"``, ``${ARGS[@]}`` of a sourced file); not a flag's value.
 UNSEEN = "(unseen)"
-_PROGRAM = re.compile(r"(?:.*/)?pretrain_[a-z0-9_]+\.py")
+_PROGRAM = re.compile(r"pretrain_[a-z0-9_]+\.py")
+#: A word that is only a variable's expansion (``$X``, ``${X}``, ``${X[@]}``, ``$@``, ``$1``): it may hold flags.
+_WHOLE_REFERENCE = re.compile(r"\$(?:[A-Za-z_][A-Za-z0-9_]*|[@*0-9]|\{[A-Za-z_0-9@*#:?=+-][^}]*\})")
+#: Words that end a program's arguments (the next command's, a pipe's or a redirection's follow).
+_CONTROL = frozenset({"|", "||", "&&", ";", "&", "|&"})
+_REDIRECT = re.compile(r"\d*(?:>>?|<|&>|>&)")
 #: Megatron's own flags close to a read one (found in its argument definitions), left alone.
 KNOWN = {
     "--eval-global-batch-size", "--eval-micro-batch-size", "--rl-inference-expert-model-parallel-size",
@@ -92,13 +97,13 @@ def arguments(text: str, path: str) -> dict[str, tuple[list[str], int]]:
         word, line = tokens[i]
         before = tokens[i - 1][0] if i else None
         i += 1
-        running = running and word is not None
-        if word is not None and _PROGRAM.fullmatch(word):
+        running = running and word is not None and word not in _CONTROL and not _REDIRECT.match(word)
+        if word is not None and _PROGRAM.fullmatch(word.rsplit("/", 1)[-1]):
             out.setdefault(LAUNCH, ([word], line))  # the file runs pretrain_gpt.py (or another pretrain_*.py)
             running = True
-        if word is not None and word.startswith("$") and (
+        elif word is not None and (_WHOLE_REFERENCE.fullmatch(word) or word.startswith(("`", "$("))) and (
                 "@" in word or "*" in word or before is None or not before.startswith("--") or "=" in before
-                or before in READ):  # after a read flag here, that flag is a switch: this is no value
+                or before in READ) and not (before and _REDIRECT.match(before)):  # after a read flag, a switch
             unseen.append((word, line, running))  # the launcher's own ($DISTRIBUTED_ARGS to torchrun) aside
         if word is None or not word.startswith("--") or word == "--":
             continue
@@ -126,6 +131,10 @@ def arguments(text: str, path: str) -> dict[str, tuple[list[str], int]]:
             if i >= len(tokens) or tokens[i][0] is None or tokens[i][0].startswith("--"):
                 raise ValueError(f"{path}: line {line}: {flag}: the value is missing")
             values = [tokens[i][0]]
+            after = tokens[i + 1][0] if i + 1 < len(tokens) else None
+            if flag == "--step-batch-size-schedule" and after is not None and ":" in after and not after.startswith("-"):
+                raise ValueError(f"{path}: line {line}: {flag} {values[0]} {after[:20]}: Megatron's parser takes one "
+                                 "word and refuses the next; quote the schedule")
             if values[0].startswith("-") and not _NUMBER.fullmatch(values[0]):
                 raise ValueError(f"{path}: line {line}: {flag} {values[0]}: Megatron's parser takes {values[0]!r} after "
                                  f"a space for a flag (argparse before Python 3.14); write {flag}={values[0]}")

@@ -37,6 +37,7 @@ import re
 from typing import Any
 
 from ._arguments import LAUNCH, UNSEEN
+from ._megatron_run import batches, sharding
 
 #: Flags Megatron refuses beside a layout (arguments.py and transformer_config.py).
 LAYOUT_CONFLICTS = ("--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank",
@@ -63,8 +64,6 @@ DEFAULTED = {"tp": "no --tensor-model-parallel-size: Megatron's default, 1",
              "ep": "no --expert-model-parallel-size: Megatron's default, 1",
              "micro_batches": "no --global-batch-size: Megatron sets it to micro-batch size x data-parallel size "
                               "in arguments.py, one micro-batch per iteration"}
-#: The optimizer gpuknap's cost model steps (Adam's moments and master weights; Megatron's default).
-OPTIMIZER = "adam"
 
 
 #: Context-parallel exchanges Transformer Engine runs (``attn_forward_func_with_cp``); only the
@@ -187,14 +186,7 @@ def check_arguments(args: dict, path: str) -> dict:
             run[key] = False  # a switch a whole run leaves out is off: Megatron's default
     if whole:
         _defaults(args, run, notes, path)
-    if "--decrease-batch-size-if-needed" in args:  # num_microbatches_calculator.py: rounded down (_round)
-        if "--step-batch-size-schedule" in args:
-            _refuse(args, "--decrease-batch-size-if-needed", path, "Megatron refuses it beside "
-                    "--step-batch-size-schedule (num_microbatches_calculator.py)")
-        run["round_batch"] = True
-    if "--rampup-batch-size" in args:  # deprecated in Megatron; it ramps up to the global batch
-        notes.append("--rampup-batch-size: costed at the global batch the ramp ends at (--global-batch-size; "
-                     "recent Megatron ignores the ramp, older versions shrink only the first iterations)")
+    batches(args, run, notes, path)
     if "--cp-comm-type" in args:  # read to check a window against it (every type is costed as the p2p ring)
         types, line = args["--cp-comm-type"]
         wrong = [t for t in types if t not in CP_COMM_TYPES] or ([] if types else ["(none)"])
@@ -221,7 +213,7 @@ def check_arguments(args: dict, path: str) -> dict:
         run["tp_comm_overlap"] = True
     elif whole:
         run["tp_comm_overlap"] = False
-    _sharding(args, path, whole)
+    sharding(args, path, whole)
     if whole:  # said by the command, which knows whether the run has data parallelism
         run["overlap_grad_reduce"] = "--overlap-grad-reduce" in args
     window = _window(args, path)
@@ -257,50 +249,11 @@ def _defaults(args: dict, run: dict, notes: list, path: str) -> None:
                      "Megatron's default, TP 1")
     if "--expert-tensor-parallel-size" not in args:  # arguments.py 587-588: ETP is then TP
         run["etp_is_tp"] = True
-    schedule = "--step-batch-size-schedule"
-    if schedule in args and "--global-batch-size" in args:  # arguments.py 698-701
-        _refuse(args, schedule, path, "Megatron refuses it beside --global-batch-size (arguments.py)")
-    if schedule in args:  # num_microbatches_calculator.py: the batch follows the schedule, step by step
-        run["global_batch"] = _largest_batch(args, path)
-        notes.append(f"{schedule}: costed at its largest global batch, {run['global_batch']} (the phase with the "
-                     "most micro-batches in flight)")
-    elif "--global-batch-size" not in args:  # arguments.py 702-704: global batch = micro-batch size x DP
+    if "--step-batch-size-schedule" not in args and "--global-batch-size" not in args:  # arguments.py 702-704
         run["micro_batches"] = 1
         run["defaulted"]["micro_batches"] = DEFAULTED["micro_batches"]
         notes.append("no --global-batch-size: Megatron sets it to micro-batch size x data-parallel size "
                      "(arguments.py), so one micro-batch per iteration is costed")
-
-
-def _largest_batch(args: dict, path: str) -> int:
-    """The largest global batch of ``--step-batch-size-schedule "THRESHOLD:BS THRESHOLD:BS ..."``."""
-    (text,), line = args["--step-batch-size-schedule"]
-    sizes = [step.partition(":")[2] for step in text.split()]
-    if not sizes or not all(size.isdigit() and int(size) > 0 for size in sizes):
-        raise ValueError(f"{path}: line {line}: --step-batch-size-schedule: expected steps THRESHOLD:BATCH with "
-                         f"batches >= 1 (e.g. '0:768 250B:1536'), got {text[:60]!r}")
-    return max(int(size) for size in sizes)
-
-
-def _sharding(args: dict, path: str, whole: bool) -> None:
-    """The optimizer and the data-parallel sharding, checked as arguments.py checks them, then
-    those gpuknap does not model refused."""
-    optimizer = args["--optimizer"][0][0] if "--optimizer" in args else OPTIMIZER
-    if "--overlap-param-gather" in args and whole:  # arguments.py 1024-1029
-        if not ({"--use-distributed-optimizer", "--use-megatron-fsdp"} & set(args) or optimizer == "dist_muon"):
-            _refuse(args, "--overlap-param-gather", path, "Megatron gathers parameters overlapped only with "
-                    "--use-distributed-optimizer, --use-megatron-fsdp or --optimizer dist_muon (arguments.py "
-                    "asserts it)")
-        if "--overlap-grad-reduce" not in args:
-            _refuse(args, "--overlap-param-gather", path, "Megatron gathers parameters overlapped only with "
-                    "--overlap-grad-reduce (arguments.py asserts it)")
-    why = ("is not modelled: gpuknap costs Megatron's distributed optimizer (--use-distributed-optimizer), whose "
-           "sharding, buckets and overlap differ")
-    _refuse(args, "--use-megatron-fsdp", path, "Megatron FSDP (by default it also shards parameters and gradients, "
-                                               "--data-parallel-sharding-strategy optim_grads_params) " + why)
-    _refuse(args, "--use-torch-fsdp2", path, "PyTorch FSDP2 " + why)
-    if optimizer != OPTIMIZER:
-        _refuse(args, "--optimizer", path, f"{optimizer}: gpuknap costs Adam's state and step (Megatron's default, "
-                                           f"--optimizer {OPTIMIZER}); other optimizers are not modelled")
 
 
 def _group(args: dict, path: str) -> tuple[int, int] | None:

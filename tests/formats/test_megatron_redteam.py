@@ -257,7 +257,7 @@ def test_an_unclosed_array_is_named_not_a_missing_layout(capsys, tmp_path):
         assert subprocess.run([BASH, "-n"], input=text, text=True, capture_output=True).returncode != 0
 
 
-@pytest.mark.parametrize("tail", ['"$@"', "$EXTRA_ARGS", "${MORE_ARGS[@]}", "--overlap-grad-reduce $EXTRA"])
+@pytest.mark.parametrize("tail", ['"$@"', "$EXTRA_ARGS", "${MORE_ARGS[@]}", "--overlap-grad-reduce $EXTRA", "`cat a`"])
 def test_a_launch_passing_words_it_cannot_see_is_a_fragment(capsys, tmp_path, tail):
     """Words the file does not define (a sourced file's arrays, "$@", an unset $EXTRA_ARGS) may carry
     any flag: Megatron's defaults are not applied; what the file does not say comes from the command
@@ -268,7 +268,7 @@ def test_a_launch_passing_words_it_cannot_see_is_a_fragment(capsys, tmp_path, ta
                            "--json")
     assert rc in (0, 1), err
     notes = " ".join(json.loads(out)["notes"])
-    assert "passes words gpuknap cannot see" in notes and tail.split()[-1].strip('"')[:12] in notes
+    assert "passes words gpuknap cannot see" in notes and tail.split()[-1].strip('"`')[:8] in notes
     valued = f"{launch} --data-path $DATA_PATH\n"  # an unread flag's value: the launch is whole
     refused(capsys, tmp_path, valued, ["tp = 1", "--tp 2"], *RUN, "--tp", "2")
 
@@ -286,6 +286,14 @@ def test_batch_schedules(capsys, tmp_path):
     refused(capsys, tmp_path, steps.replace("--seq-length", "--global-batch-size 32 --seq-length"),
             ["--step-batch-size-schedule", "beside --global-batch-size"], *RUN)
     refused(capsys, tmp_path, steps.replace("0:8", "0:x"), ["--step-batch-size-schedule", "THRESHOLD:BATCH"], *RUN)
+    refused(capsys, tmp_path, steps.replace("0:8", "1K:8"), ["threshold 0"], *RUN)
+    refused(capsys, tmp_path, steps.replace("500B:32", "250B:32"), ["strictly increasing"], *RUN)
+    refused(capsys, tmp_path, steps.replace("'0:8 250B:16 500B:32'", "0:8 500B:32"), ["quote the schedule"], *RUN)
+    commas = steps.replace("'0:8 250B:16 500B:32'", "0:8,0.25T:16,500B:0.032K")  # Megatron's own spellings
+    assert scored(capsys, tmp_path, commas, *RUN)[0]["best"] == want["best"]
+    # a fragment's schedule too (a launch passing "$@" is one)
+    frag, _ = scored(capsys, tmp_path, steps.replace("\n", ' "$@"\n'), *RUN, "--tp", "2", name="frag.sh")
+    assert frag["micro_batches"] == 32
     ramp = plain.replace("--seq-length", "--rampup-batch-size 16 8 300000 --seq-length")
     got, _ = scored(capsys, tmp_path, ramp, *RUN)
     assert got["best"] == want["best"] and any("--rampup-batch-size" in n for n in got["notes"])
@@ -296,7 +304,9 @@ def test_a_batch_rounded_down_as_megatron_does(capsys, tmp_path):
     micro-batch size x DP under the global batch; without it such a batch is refused."""
     odd = BASE.replace("--global-batch-size 64", "--global-batch-size 70") + "\n"
     refused(capsys, tmp_path, odd, ["not a multiple"], "--capacity", "80GiB", "--dp", "4")
-    rc, out, err, _ = rank(capsys, tmp_path, odd.replace("--seq-length", "--decrease-batch-size-if-needed --seq-length"),
+    rounded = odd.replace("--seq-length", "--decrease-batch-size-if-needed --seq-length")
+    refused(capsys, tmp_path, rounded, ["evaluation batch"], "--capacity", "80GiB", "--dp", "4")  # arguments.py 708-720
+    rc, out, err, _ = rank(capsys, tmp_path, rounded.replace("--seq-length", "--eval-global-batch-size 64 --seq-length"),
                            "--capacity", "80GiB", "--dp", "4", "--json")
     assert rc in (0, 1), err
     assert json.loads(out)["micro_batches"] == 17 and "global batch of 68, not 70" in err
@@ -308,3 +318,14 @@ def test_a_launchers_own_variables_do_not_make_a_fragment(capsys, tmp_path):
     launch = BASE.replace(" --global-batch-size 64", "").replace("python pretrain_gpt.py",
                                                                   "torchrun $DISTRIBUTED_ARGS pretrain_gpt.py") + "\n"
     refused(capsys, tmp_path, launch, ["micro_batches = 1", "--micro-batches 64"], *RUN, "--micro-batches", "64")
+
+
+@pytest.mark.parametrize("extra", ["| tee ${LOG_DIR}/train.log", "> $LOG 2>&1", "&& echo $DONE",
+                                   "--data-path 0.7 ${DIR}/a 0.3 ${DIR}/b"])
+def test_ordinary_variables_keep_a_launch_whole(capsys, tmp_path, extra):
+    """A log file, a following command, a blended data path or the program's own path in a variable
+    pass no flags to the program: the launch stays whole, at Megatron's defaults."""
+    launch = BASE.replace(" --global-batch-size 64", "").replace("python pretrain_gpt.py",
+                                                                  "python ${MEGATRON}/pretrain_gpt.py")
+    refused(capsys, tmp_path, f"{launch} {extra}\n", ["micro_batches = 1", "--micro-batches 64"], *RUN,
+            "--micro-batches", "64")
