@@ -18,6 +18,10 @@ Split from :mod:`._mindformers_read`.  The sources are MindFormers' (the mirror'
   into pieces (sequence pipelining), which ``tools/check_rules.py`` pairs with the ``seqpipe`` and
   ``seqvpp`` schedulers of ``parallel.pipeline_config.pipeline_scheduler`` (MindSpore's default
   ``1f1b``, interleaved with ``pipeline_interleave``).
+- ``parallel_core/training_graph/transformer/moe/ffn.py`` (``FFNGroupedGEMM.shard``, the only
+  experts of mcore models: ``moe_module_specs.py``): the experts are split over
+  ``expert_parallel`` only, never over ``model_parallel`` (Megatron's ETP 1), and
+  ``expert_parallel`` divides ``data_parallel x model_parallel x context_parallel``.
 - ``models/llama/llama_config.py``: ``model_config.pipeline_stage: {start_stage, stage_num,
   offset}`` replaces the offsets and, through ``LayerSetting`` (``models/utils.py``), the stage
   count when ``start_stage + stage_num <= parallel_config.pipeline_stage``; otherwise it is unused.
@@ -30,6 +34,9 @@ from typing import Any
 SIZES = (("data_parallel", "dp", 10**6), ("model_parallel", "tp", 4096), ("context_parallel", "cp", 4096),
          ("expert_parallel", "ep", 4096))
 MOST = 10**6  # micro-batches, samples per micro-batch
+#: mcore model_config names of the routed experts' count (transformer_config_utils.py maps each to
+#: num_moe_experts).
+MCORE_EXPERTS = ("num_moe_experts", "n_routed_experts", "num_experts", "expert_num")
 
 
 def integer(value: Any, path: str, key: str, low: int, high: int) -> int:
@@ -150,8 +157,15 @@ def run_keys(data: dict, config: dict, path: str, stages: int, legacy: bool) -> 
     if "seq_length" in config:
         out["seq"] = integer(config["seq_length"], path, "model.model_config.seq_length", 1, 10**7)
     moe = data.get("moe_config")
-    if legacy and isinstance(moe, dict) and integer(moe.get("expert_num", 1), path, "moe_config.expert_num",
-                                                    1, 10**6) > 1:
+    experts = [k for k in MCORE_EXPERTS if isinstance(config.get(k), int) and not isinstance(config.get(k), bool)
+               and config[k] > 1]
+    if not legacy and experts:  # parallel_core/training_graph/transformer/moe/ffn.py (FFNGroupedGEMM.shard)
+        out["etp"] = 1
+        defaulted["etp"] = ("mcore's grouped-GEMM experts split over expert_parallel only, never over "
+                            "model_parallel (FFNGroupedGEMM.shard in moe/ffn.py)")
+    # a legacy MoE file (expert_num > 1), or a block for one (gpuknap's writes expert_model_parallel alone)
+    if legacy and isinstance(moe, dict) and (integer(moe.get("expert_num", 1), path, "moe_config.expert_num",
+                                                     1, 10**6) > 1 or set(moe) == {"expert_model_parallel"}):
         out.update(_expert_tp(moe.get("expert_model_parallel"), out.get("tp"), path))
         if "etp" in out and moe.get("expert_model_parallel") is None:
             defaulted["etp"] = ("moe_config.expert_model_parallel not given: the experts split over model_parallel, "

@@ -86,13 +86,15 @@ def dump(plan: FrameworkPlan) -> str:
     if run is not None and run.moe_without_sp:
         raise ValueError("sequence_parallel: MindFormers refuses MoE layers with model_parallel > 1 without "
                          "use_seq_parallel (tools/check_rules.py)")
-    # with ETP = TP, Megatron's rule (EP x ETP divides TP x CP x DP) is MindFormers' (EP divides DP x CP:
-    # moe.py _check_moe_config).  The block leaves moe_config.expert_model_parallel out (legacy models then
-    # split the experts over model_parallel: llama_layer.py), as mcore models do not read it there.
-    if run is not None and run.moe and run.etp != run.tp:
-        raise ValueError(f"expert_tensor_parallel: the block splits the experts over model_parallel ({run.tp}), as "
-                         f"MindFormers does without moe_config.expert_model_parallel, which it does not write (only "
-                         f"legacy models read it there); the plan assumed {run.etp}: plan with --etp equal to --tp")
+    # The experts' tensor parallelism: legacy models split the experts over model_parallel, or over
+    # moe_config.expert_model_parallel when it is 1 (llama_layer.py refuses other values); mcore models
+    # never split them over model_parallel (moe/ffn.py, FFNGroupedGEMM.shard: ETP 1) and skip moe_config
+    # (template.py).  With ETP 1 the block writes expert_model_parallel: 1 and both run the plan; with
+    # ETP = TP > 1 only legacy models do, and a comment says so.
+    if run is not None and run.moe and run.etp not in (1, run.tp):
+        raise ValueError(f"expert_tensor_parallel: MindFormers splits the experts over model_parallel ({run.tp}) or "
+                         f"not at all (moe_config.expert_model_parallel: 1; llama_layer.py refuses other values); the "
+                         f"plan assumed {run.etp}: plan with --etp 1 or --etp equal to --tp")
     if run is not None and run.tp_comm_overlap and run.tp > 1:
         raise ValueError("tp_comm_overlap: the plan hides TP communication behind the GEMMs as Megatron's "
                          "--tp-comm-overlap does, which MindFormers' settings cannot state; plan without it")
@@ -111,6 +113,10 @@ def dump(plan: FrameworkPlan) -> str:
                      "pipeline_stage" + (f"; gpuknap assumed expert tensor parallelism {run.etp}" if run.moe else ""))
     else:
         lines.append("# the profile was measured: keep the parallel sizes, batch and sequence it was measured with")
+    if run is not None and run.moe and run.etp == run.tp > 1:
+        lines.append(f"# the experts split over model_parallel ({run.tp}), as legacy models run them; mcore models "
+                     "(use_legacy: False) split them over expert_parallel only (moe/ffn.py): plan with --etp 1 "
+                     "for them")
     if ev is not None:
         lines += _closest_comments(plan, st, ev)
     parallel = ([f"  enable_parallel_optimizer: {run.distributed_optimizer}"] if run is not None else [])
@@ -131,6 +137,8 @@ def dump(plan: FrameworkPlan) -> str:
     if run is not None or p == 1:
         lines += ["runner_config:"] + ([f"  batch_size: {run.micro_batch}"] if run is not None else [])
         lines += [f"  gradient_accumulation_steps: {plan.model.micro_batches}"] if p == 1 else []
+    if run is not None and run.moe and run.etp == 1 and run.tp > 1:  # legacy models read it (llama_layer.py)
+        lines += ["moe_config:", "  expert_model_parallel: 1"]
     lines += ["model:", "  model_config:", f"    num_layers: {st.num_layers}"]
     if run is not None:
         lines.append(f"    seq_length: {run.seq}")

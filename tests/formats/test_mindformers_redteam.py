@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
+import yaml
 from paths import EXAMPLES
 
 from gpuknap.cli import main
@@ -103,8 +105,19 @@ def test_expert_model_parallel_is_not_read_where_mindformers_does_not_read_it(tm
     # (template.py skips moe_config for use_legacy: False)
     dense = _write(tmp_path, "dense.yaml", (MOE % ", expert_model_parallel: 1").replace("expert_num: 8",
                                                                                          "expert_num: 1"))
-    mcore = _write(tmp_path, "mcore.yaml", "use_legacy: False\n" + MOE % ", expert_model_parallel: 1")
+    mcore = _write(tmp_path, "mcore.yaml", "use_legacy: False\n" + MOE % ", expert_model_parallel: 2")
     assert "etp" not in read_settings(dense).run and "etp" not in read_settings(mcore).run
+
+
+@pytest.mark.parametrize("key", ["num_moe_experts", "n_routed_experts", "num_experts"])
+def test_mcore_experts_run_without_tensor_parallelism(capsys, tmp_path, key):
+    """moe/ffn.py (FFNGroupedGEMM.shard, mcore's only experts): the experts split over expert_parallel
+    only, never over model_parallel: ETP 1 whatever TP, and a flag that says otherwise is refused."""
+    text = "use_legacy: False\n" + (MOE % "").replace("seq_length: 4096}", f"seq_length: 4096, {key}: 8}}")
+    path = _write(tmp_path, "mcore_moe.yaml", text)
+    assert read_settings(path).run["etp"] == 1
+    assert _scored(capsys, path, MIXTRAL) == _scored(capsys, path, MIXTRAL, "--etp", "1")
+    _refused(capsys, path, MIXTRAL, ["etp = 1", "FFNGroupedGEMM", "--etp 2"], "--etp", "2")
 
 
 def test_the_shipped_deepseek3_file_runs_experts_without_tensor_parallelism(tmp_path):
@@ -281,3 +294,27 @@ def test_one_stage_gradient_accumulation_type_error_names_its_key(capsys, tmp_pa
         "batch_size: 1}", "batch_size: 1, gradient_accumulation_steps: 2.5}")
     _refused(capsys, _write(tmp_path, "g.yaml", text), LLAMA, ["runner_config.gradient_accumulation_steps"],
              "--capacity", "80GiB")
+
+
+def test_moe_blocks_state_the_experts_tensor_parallelism(capsys, tmp_path):
+    """best --emit mindformers: a plan with ETP 1 writes moe_config.expert_model_parallel: 1 (legacy
+    models read it; mcore ones run ETP 1 anyway) and reads back to the same score; a plan with ETP = TP
+    says mcore models run ETP 1; another ETP is refused (llama_layer.py takes only 1 or TP)."""
+    run = ["--capacity", "12GiB", "--stages", "4", "--micro-batches", "32", "--seq", "8192", "--micro-batch-size", "4",
+           "--tp", "8", "--dp", "2"]
+
+    def emitted(*extra):
+        rc = main(["best", MIXTRAL, *run, *extra, "--emit", "mindformers", "--quiet"])
+        out = capsys.readouterr()
+        return rc, out.out, out.err
+
+    rc, block, _ = emitted("--etp", "1")
+    assert rc == 0 and yaml.safe_load(block)["moe_config"] == {"expert_model_parallel": 1}
+    planned = re.search(r"slowest ([\d.]+)", block).group(1)
+    path = _write(tmp_path, "mf.yaml", block)
+    assert read_settings(path).run["etp"] == 1
+    assert f"{_scored(capsys, path, MIXTRAL, '--capacity', '12GiB')['best']['score']:.6g}" == planned
+    rc, block, _ = emitted()
+    assert rc == 0 and "moe_config" not in yaml.safe_load(block) and "mcore models (use_legacy: False)" in block
+    rc, _, err = emitted("--etp", "2", "--ep", "2")
+    assert rc == 2 and "--etp 1 or --etp equal to --tp" in err

@@ -477,9 +477,13 @@ def test_mindformers_base_config_is_refused(capsys, tmp_path):
 def test_mindformers_moe_is_written_only_where_it_runs_as_costed(capsys):
     mixtral = os.path.join(EXAMPLES, "mixtral_small_config.json")
     run = ["--micro-batches", "8", "--seq", "4096", "--stages", "2", "--quiet", "--emit", "mindformers"]
-    assert main(["best", mixtral, "--tp", "2", "--ep", "2", "--etp", "1", "--dp", "2", *run]) == 2
-    assert "expert_tensor_parallel" in capsys.readouterr().err
+    # MindFormers runs ETP 1 (moe_config.expert_model_parallel: 1, and every mcore model) or ETP = TP
+    assert main(["best", mixtral, "--tp", "2", "--ep", "2", "--etp", "1", "--dp", "2", *run]) == 0
+    assert "expert_model_parallel: 1" in capsys.readouterr().out
     assert main(["best", mixtral, "--tp", "2", "--ep", "2", "--dp", "2", *run]) == 0
+    capsys.readouterr()
+    assert main(["best", mixtral, "--tp", "4", "--ep", "2", "--etp", "2", "--dp", "2", *run]) == 2
+    assert "expert_tensor_parallel" in capsys.readouterr().err
 
 
 def test_a2a_p2p_needs_hierarchical_context_parallel_sizes(tmp_path):
