@@ -11,6 +11,8 @@ from __future__ import annotations
 
 #: The optimizer gpuknap's cost model steps (Adam's moments and master weights; Megatron's default).
 OPTIMIZER = "adam"
+#: ``--optimizer``'s choices in arguments.py.
+OPTIMIZERS = ("adam", "sgd", "muon", "dist_muon", "lion", "soap", "adaptive_muon")
 
 
 def refuse(args: dict, flag: str, path: str, why: str) -> None:
@@ -87,6 +89,9 @@ def sharding(args: dict, path: str, whole: bool) -> None:
     refuse(args, "--use-megatron-fsdp", path, "Megatron FSDP (by default it also shards parameters and gradients, "
                                                "--data-parallel-sharding-strategy optim_grads_params) " + why)
     refuse(args, "--use-torch-fsdp2", path, "PyTorch FSDP2 " + why)
+    if optimizer not in OPTIMIZERS:
+        refuse(args, "--optimizer", path, f"{optimizer}: not one of Megatron's optimizers ({', '.join(OPTIMIZERS)}; "
+                                          "arguments.py), whose parser refuses it")
     if optimizer != OPTIMIZER:
         refuse(args, "--optimizer", path, f"{optimizer}: gpuknap costs Adam's state and step (Megatron's default, "
                                            f"--optimizer {OPTIMIZER}); other optimizers are not modelled")

@@ -220,6 +220,7 @@ def test_overlapped_param_gather_is_checked_as_arguments_py_checks_it(capsys, tm
             *RUN)
     refused(capsys, tmp_path, BASE + " --use-torch-fsdp2\n", ["--use-torch-fsdp2:"], *RUN)
     assert rank(capsys, tmp_path, BASE + " --optimizer adam" + overlap, *RUN)[0] in (0, 1)
+    refused(capsys, tmp_path, BASE + " --optimizer hybridadam\n", ["hybridadam", "not one of Megatron's"], *RUN)
 
 
 @pytest.mark.skipif(not os.path.isdir(MIRROR), reason="no Megatron-LM mirror here")
