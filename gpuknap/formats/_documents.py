@@ -91,6 +91,11 @@ class DuplicateKey(ValueError):
 MAX_DIGITS = 4000
 
 
+def _too_long(path: str, digits: str) -> ValueError:
+    """The refusal of an integer literal Python will not convert (its own error names no file)."""
+    return ValueError(f"{path}: not valid here: an integer of {digits} digits (no number gpuknap reads is that long)")
+
+
 def _yaml_loader(yaml: Any) -> Any:
     """PyYAML's safe loader, refusing a key given twice in one mapping.  Merge keys (``<<: *base``)
     are PyYAML's: the keys they bring in may be given again in the mapping, whose value wins."""
@@ -133,8 +138,7 @@ def yaml_load(text: str, path: str) -> Any:
     except ValueError as exc:  # PyYAML's int() on an integer of over 4,300 digits
         if "digits" not in str(exc):
             raise
-        raise ValueError(f"{path}: not valid here: an integer of over 4,300 digits (no number gpuknap reads is "
-                         "that long)") from None
+        raise _too_long(path, "over 4,300") from None
     except yaml.YAMLError as exc:
         where = getattr(exc, "problem_mark", None)
         at = f" at line {where.line + 1}" if where is not None else ""
@@ -162,8 +166,7 @@ def _json_load(text: str, path: str) -> Any:
 
     def whole(digits: str) -> int:  # Python refuses integers of over 4,300 digits, naming no file
         if len(digits) > MAX_DIGITS:
-            raise ValueError(f"{path}: not valid here: an integer of {len(digits):,} digits (no number gpuknap "
-                             "reads is that long)")
+            raise _too_long(path, f"{len(digits):,}")
         return int(digits)
 
     try:

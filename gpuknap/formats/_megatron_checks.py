@@ -37,7 +37,7 @@ import re
 from typing import Any
 
 from ._arguments import LAUNCH, UNSEEN
-from ._megatron_run import batches, sharding
+from ._megatron_run import batches, refuse, sharding
 
 #: Flags Megatron refuses beside a layout (arguments.py and transformer_config.py).
 LAYOUT_CONFLICTS = ("--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank",
@@ -92,11 +92,6 @@ def _choice(args: dict, flag: str, path: str, choices: tuple) -> str | None:
     return values[0]
 
 
-def _refuse(args: dict, flag: str, path: str, why: str) -> None:
-    if flag in args:
-        raise ValueError(f"{path}: line {args[flag][1]}: {flag}: {why}")
-
-
 def _window(args: dict, path: str) -> tuple[int, bool] | None:
     """Keys a query attends to under ``--window-size`` (0: the whole sequence) and whether
     Transformer Engine takes it for a sliding window (any ``L >= 0``); None when not given;
@@ -120,18 +115,18 @@ def _window(args: dict, path: str) -> tuple[int, bool] | None:
 
 def check_arguments(args: dict, path: str) -> dict:
     """The values of the flags read, checked as Megatron checks them."""
-    _refuse(args, "--hybrid-layer-pattern", path, "a hybrid (Mamba) model's pattern; gpuknap reads GPT layouts")
-    _refuse(args, "--hybrid-override-pattern", path, "a hybrid (Mamba) model's pattern (the deprecated name of "
+    refuse(args, "--hybrid-layer-pattern", path, "a hybrid (Mamba) model's pattern; gpuknap reads GPT layouts")
+    refuse(args, "--hybrid-override-pattern", path, "a hybrid (Mamba) model's pattern (the deprecated name of "
                                                      "--hybrid-layer-pattern, arguments.py); gpuknap reads GPT layouts")
-    _refuse(args, "--model-parallel-size", path, "no longer valid in Megatron; use --tensor-model-parallel-size")
+    refuse(args, "--model-parallel-size", path, "no longer valid in Megatron; use --tensor-model-parallel-size")
     if "--window-size" in args:  # without a window the frequency changes nothing
-        _refuse(args, "--window-attn-skip-freq", path, "some layers then attend to the whole sequence and others "
+        refuse(args, "--window-attn-skip-freq", path, "some layers then attend to the whole sequence and others "
                                                        "through the window, which gpuknap does not model")
     if "--pipeline-model-parallel-layout" not in args:
         raise ValueError(f"{path}: --pipeline-model-parallel-layout: missing; gpuknap reads a Megatron split from "
                          "its layout (the even split and --decoder-first/last-pipeline-num-layers are not read)")
     for flag in LAYOUT_CONFLICTS:
-        _refuse(args, flag, path, "Megatron refuses it beside --pipeline-model-parallel-layout (the layout sets "
+        refuse(args, flag, path, "Megatron refuses it beside --pipeline-model-parallel-layout (the layout sets "
                                   "every stage and virtual stage); remove it")
     num_layers = _int(args, "--num-layers", path)
     if num_layers is None:
@@ -143,12 +138,12 @@ def check_arguments(args: dict, path: str) -> dict:
     method = _choice(args, "--recompute-method", path, ("block", "uniform"))
     num = _int(args, "--recompute-num-layers", path)
     modules = args.get("--recompute-modules", (["core_attn"], 0))[0]
-    _refuse(args, "--moe-layer-recompute", path, "recomputes whole MoE layers, which gpuknap does not model")
-    _refuse(args, "--distribute-saved-activations", path, "spreads saved inputs over TP ranks, which gpuknap "
+    refuse(args, "--moe-layer-recompute", path, "recomputes whole MoE layers, which gpuknap does not model")
+    refuse(args, "--distribute-saved-activations", path, "spreads saved inputs over TP ranks, which gpuknap "
                                                           "does not model")
     if granularity == "selective":
-        _refuse(args, "--recompute-method", path, "Megatron takes no recompute method with selective recompute")
-        _refuse(args, "--recompute-num-layers", path, "Megatron takes no number of layers with selective recompute")
+        refuse(args, "--recompute-method", path, "Megatron takes no recompute method with selective recompute")
+        refuse(args, "--recompute-num-layers", path, "Megatron takes no number of layers with selective recompute")
         unknown = [m for m in modules if m not in KNOWN_MODULES]
         if unknown:
             raise ValueError(f"{path}: --recompute-modules: {unknown} are not Megatron modules "
@@ -208,7 +203,7 @@ def check_arguments(args: dict, path: str) -> dict:
                              f"needs their product ({product}) to be the context-parallel size ({run.get('cp', 1)})")
     if "--tp-comm-overlap" in args:  # arguments.py asserts sequence parallelism with it
         if whole and "--sequence-parallel" not in args:
-            _refuse(args, "--tp-comm-overlap", path, "Megatron overlaps TP communication only with "
+            refuse(args, "--tp-comm-overlap", path, "Megatron overlaps TP communication only with "
                                                      "--sequence-parallel (arguments.py asserts it)")
         run["tp_comm_overlap"] = True
     elif whole:
@@ -222,11 +217,11 @@ def check_arguments(args: dict, path: str) -> dict:
     elif whole:  # a whole run without --window-size attends to the whole sequence
         run["window"] = 0
     if "--encoder-seq-length" in args:  # arguments.py: one is the other, and only one may be given
-        _refuse(args, "--seq-length", path, "Megatron refuses it beside --encoder-seq-length (one is the other)")
+        refuse(args, "--seq-length", path, "Megatron refuses it beside --encoder-seq-length (one is the other)")
         run["seq"] = _int(args, "--encoder-seq-length", path)
     mtp = _int(args, "--mtp-num-layers", path, low=0) or 0
     if mtp and granularity == "full" and method == "uniform" and num != 1:
-        _refuse(args, "--recompute-num-layers", path, f"{num} with --recompute-method uniform and --mtp-num-layers: "
+        refuse(args, "--recompute-num-layers", path, f"{num} with --recompute-method uniform and --mtp-num-layers: "
                 "Megatron's MTP layer recomputes only groups of 1 (multi_token_prediction.py asserts "
                 "recompute_num_layers == 1)")
     return {"stages": _int(args, "--pipeline-model-parallel-size", path) or 1,

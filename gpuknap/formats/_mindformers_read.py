@@ -23,8 +23,8 @@ The rules are MindFormers' own (docs/training_settings.md has each with its sour
 - ``tools/check_rules.py``: a flat recompute list has at most ``pipeline_stage`` entries;
   ``models/modeling_utils.py``: at least as many layers as stages (times chunks when interleaved).
 - the run keys, MindFormers' defaults for a file that states its run, the experts' tensor-parallel
-  size and the settings refused as not modelled (sequence pipelining, schedulers other than 1F1B,
-  interleaved micro-batches, LlamaConfig's ``pipeline_stage`` over part of the pipeline) are in
+  size, interleaved micro-batches and the settings refused as not modelled (sequence pipelining,
+  schedulers other than 1F1B, LlamaConfig's ``pipeline_stage`` over part of the pipeline) are in
   :mod:`._mindformers_checks`.
 """
 from __future__ import annotations
