@@ -58,9 +58,9 @@ def pipeline_send(model: Any, stages: int) -> float:
 def run_of(model: Any, counts: Sequence[int], names: Sequence[str], chunks: int, span: float) -> Estimate:
     """The :class:`Estimate` of a split whose schedule takes ``span`` (in the model's time unit, from
     any simulation of it with :func:`pipeline_send`): each stage's busy time is its micro-batches'
-    forward and backward times, the rest of the iteration its bubble (the sends' share and its own
-    tail apart, the wait for a later stage's tail included), so every stage's parts sum to the
-    iteration time."""
+    forward and backward times, the rest of the iteration its own tail and idle time (the sends'
+    share of it, at most all of it, then the bubble, the wait for a later stage's tail included), so
+    every stage's parts sum to the iteration time."""
     costs: ModelCosts = model.costs
     unit = costs.time_unit
     p = len(counts) // chunks
@@ -88,10 +88,13 @@ def run_of(model: Any, counts: Sequence[int], names: Sequence[str], chunks: int,
     iteration = max(span + t for t in tails)
     for s in range(p):
         sends = (s > 0) + (s < p - 1) if chunks == 1 else 2
-        parts[s]["p2p"] = sends * chunks * m * send * unit
         parts[s]["dp"] = tails[s]
-        # the rest of the iteration, the wait for a later stage's tail included: the parts sum to it
-        parts[s]["bubble"] = max(iteration - busy[s] - parts[s]["p2p"] - tails[s], 0.0)
+        # the rest of the iteration (the wait for a later stage's tail included) is idle: the sends'
+        # share of it, at most all of it (a send delays the receiver; the sender computes on,
+        # so sends the schedule hides take no time of the stage), and the bubble
+        idle = max(iteration - busy[s] - tails[s], 0.0)
+        parts[s]["p2p"] = min(sends * chunks * m * send * unit, idle)
+        parts[s]["bubble"] = idle - parts[s]["p2p"]
     tr = costs.training
     gpus = tr.tp * tr.cp * tr.dp * p
     total: dict = {}
