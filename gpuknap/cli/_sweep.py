@@ -93,7 +93,7 @@ def table(result: Any, limit: int = 30) -> str:
             continue
         tokens = r["throughput"]["tokens_per_second"]
         speed = f"{tokens:10.4g}" if tokens is not None else f"{r['throughput']['samples_per_second']:9.4g}s"
-        mark = "" if r["exact"] else " (local search)"
+        mark = " (Megatron's even split)" if r.get("even_split") else "" if r["exact"] else " (local search)"
         mfu = "-" if r.get("mfu") is None else f"{100 * r['mfu']:.1f}%"
         tflops = "-" if r.get("tflops_per_gpu") is None else f"{r['tflops_per_gpu']:.0f}"
         when = f"{r['iteration_time_s']:.4g} s" if r.get("mfu") is not None else f"{r['iteration_time']:.6g}"
@@ -108,11 +108,13 @@ def table(result: Any, limit: int = 30) -> str:
     if len(result.rows) > limit:
         lines.append(f"... {len(result.rows) - limit} more rows (--json for all)")
     searched = f"{plural(result.searched, 'configuration')} searched"
-    if result.top is not None:
+    if result.top is not None and result.pruned:
         searched += (f", {result.pruned:,} pruned by bound (their fastest possible iteration is slower than "
                      f"row {result.top})")
-        if result.unfit:
-            searched += f", {result.unfit:,} proved not to fit without a search"
+    elif result.top is not None:
+        searched += ", none pruned by bound"
+    if result.top is not None and result.unfit:
+        searched += f", {result.unfit:,} proved not to fit without a search"
     lines.append(searched)
     if result.skipped:
         lines.append(f"{plural(len(result.skipped), 'configuration')} skipped:")

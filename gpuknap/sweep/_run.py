@@ -188,13 +188,19 @@ def _with_even(rows: list, even: list, top: int) -> list:
     return out
 
 
+#: A feasible row's fields that an infeasible row carries as None (null in the JSON), so that every
+#: row has the same keys.
+_RUN_FIELDS = ("headroom_bytes", "idle_share", "iteration_time_s", "mfu", "tflops_per_gpu", "breakdown",
+               "stage_breakdown")
+
+
 def _rows(config: dict, found: list, model: Any, plan: Planner, v: int, exact: bool, bucket: float) -> list:
     """Rows of one configuration, their simulated times still to fill (:func:`_simulate_rows`)."""
     if not found:
         held = coverage(model, config["stages"], bucket) if v == 1 else None
         return [{"config": config, "rank": 1, "counts": None, "score": None, "iteration_time": None,
                  "throughput": None, "peak_memory_bytes": None, "feasible": False, "exact": exact,
-                 "coverable_layers": held, "layers": model.layers,
+                 **dict.fromkeys(_RUN_FIELDS), "coverable_layers": held, "layers": model.layers,
                  "reason": infeasible_reason(model, config["stages"], v, held)}]
     out = []
     for i, (counts, value) in enumerate(found):

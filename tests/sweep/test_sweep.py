@@ -263,3 +263,32 @@ def test_mixtral_on_64_h100s_never_beats_the_efficiency():
     for r in feasible:
         assert 0 < r["mfu"] < 0.73 and r["tflops_per_gpu"] < 989 * 0.73
         assert r["breakdown"]["ep"] > 0  # the all-to-all of EP 8
+
+
+def test_every_row_has_the_same_keys_and_the_footer_names_what_happened():
+    """Infeasible rows carry a feasible row's run fields as null (a driver reading ``row["mfu"]``
+    gets None, not a KeyError); the footer says when nothing was pruned rather than naming a
+    row that is not there; Megatron's even split is labelled as such, not as a local search."""
+    from types import SimpleNamespace
+
+    from gpuknap.cli._sweep import table
+
+    p = cli(LLAMA, "--gpus", "16", "--global-batch", "64", "--stages", "1,2,4", "--tp", "4",
+            "--all", "--json")
+    assert p.returncode == 0, p.stderr
+    rows = json.loads(p.stdout)["rows"]
+    fit = [r for r in rows if r["feasible"]]
+    unfit = [r for r in rows if not r["feasible"]]
+    assert fit and unfit
+    own = {"coverable_layers", "layers", "reason", "even_split"}
+    keys = set(fit[0]) - own
+    for r in rows:
+        assert set(r) - own == keys, sorted(set(r) ^ keys)
+    for r in unfit:
+        assert all(r[k] is None for k in ("mfu", "iteration_time_s", "breakdown", "stage_breakdown", "idle_share",
+                                          "headroom_bytes", "tflops_per_gpu"))
+    one = cli(LLAMA, "--gpus", "16", "--global-batch", "64", "--stages", "4", "--tp", "4", "--top", "10")
+    assert one.returncode == 0 and "none pruned by bound" in one.stdout and "row 10" not in one.stdout, one.stdout
+    row = {**fit[0], "exact": False, "even_split": True, "config": fit[0]["config"]}
+    shown = table(SimpleNamespace(rows=[row], searched=1, top=None, pruned=0, unfit=0, skipped=[]))
+    assert "(Megatron's even split)" in shown and "local search" not in shown
