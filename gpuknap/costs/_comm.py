@@ -198,6 +198,23 @@ def all_to_all(nbytes: float, n: int, link: Links) -> float:
     return (n - 1) / n * nbytes / link.bandwidth + (n - 1) * link.latency
 
 
+def all_to_all_across(nbytes: float, device: Device, training: Training, group: str) -> float:
+    """Seconds for an all-to-all over ``group`` in which every rank holds ``nbytes`` and keeps
+    ``1/n`` of them, each peer's share on the path to that peer: within one node the node's links;
+    spanning nodes, the ``local - 1`` peers on the rank's own node over the node's links and the
+    ``n - local`` others over the rank's own network port, both at once (the longer one counts)."""
+    stride, n = training.stride(group)
+    if n <= 1:
+        return 0.0
+    if not training.spans_nodes(group, device.gpus_per_node):
+        return all_to_all(nbytes, n, links(device, training, group))
+    local = max(1, min(n, device.gpus_per_node // stride))
+    eff = device.link_efficiency
+    near = (local - 1) / n * nbytes / (device.intra_bandwidth * eff) + (local - 1) * device.intra_latency
+    far = (n - local) / n * nbytes / (device.inter_bandwidth * eff) + (n - local) * device.inter_latency
+    return max(near, far)
+
+
 def send(nbytes: float, link: Links) -> float:
     """Seconds for one point-to-point message of ``nbytes``."""
     return nbytes / link.bandwidth + link.latency

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ._arch import Architecture
-from ._comm import Training, all_gather, all_reduce, all_to_all, links
+from ._comm import Training, all_gather, all_reduce, all_to_all_across, links
 from ._devices import Device
 
 #: Bytes of a 16-bit activation value; of an fp32 one.
@@ -180,7 +180,7 @@ def moe_mlp(arch: Architecture, tr: Training, device: Device) -> dict:
     out["act_stream"] = ACT * routed * 3 * e.ffn
     out["stream"] += out["act_stream"] + ACT * routed * u * h * 4  # permute and unpermute tokens
     a2a = ACT * routed * h  # what a rank sends to the other EP ranks (dispatch; combine the same)
-    fwd = 2 * all_to_all(a2a, tr.ep, links(device, tr, "ep"))
+    fwd = 2 * all_to_all_across(a2a, device, tr, "ep")
     if u > 1:  # tokens gathered within the expert-tensor group, results reduce-scattered
         fwd += 2 * all_gather(a2a * u, u, links(device, tr, "etp"))
     out["ep"] = (fwd, fwd)

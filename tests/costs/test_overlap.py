@@ -13,7 +13,7 @@ import pytest
 from gpuknap.cli import main
 from gpuknap.costs import device, gpt, transformer_model
 from gpuknap.costs._build import exposed
-from gpuknap.costs._comm import Training, links
+from gpuknap.costs._comm import Training, all_to_all, all_to_all_across, links
 
 GIB = 2**30
 
@@ -51,6 +51,40 @@ def test_collectives_cross_between_nodes_through_one_port_per_rank_on_a_node():
     assert links(dev, Training(seq=4096, tensor_parallel=8, data_parallel=1, pipeline_parallel=2),
                  "pp").bandwidth == pytest.approx(port)
     assert links(dev, Training(seq=4096, tensor_parallel=8), "tp").bandwidth == pytest.approx(nvlink)
+
+
+def _peer_by_peer(nbytes, dev, tr, group):
+    """An all-to-all written out per peer: the ranks of the group holding global rank 0 (stride and
+    size from Megatron's order), each peer's ``nbytes/n`` over NVLink when it sits on rank 0's node,
+    else over rank 0's own port; the two paths run at once."""
+    stride, n = tr.stride(group)
+    node = [stride * j // dev.gpus_per_node for j in range(n)]
+    near = sum(1 for j in range(1, n) if node[j] == node[0])
+    far = n - 1 - near
+    eff = dev.link_efficiency
+    if far == 0:
+        return near * (nbytes / n / (dev.intra_bandwidth * eff) + dev.intra_latency)
+    return max(near * (nbytes / n / (dev.intra_bandwidth * eff) + dev.intra_latency),
+               far * (nbytes / n / (dev.inter_bandwidth * eff) + dev.inter_latency))
+
+
+def test_an_all_to_all_spanning_nodes_sends_to_its_node_over_nvlink_and_the_rest_over_its_port():
+    """EP 32 at ETP 1 has 8 of its ranks on each node: 7/32 of a rank's bytes stay on NVLink
+    and 24/32 cross its port, at once (the red team's Qwen3-235B case sent 31/32 through the
+    port). Every EP, ETP and gpus-per-node combination against the peer-by-peer count."""
+    rng = random.Random(3)
+    for _ in range(300):
+        etp, ep = rng.choice([1, 2, 4, 8]), rng.choice([1, 2, 4, 8, 16, 32, 64])
+        dev = device("h100", gpus_per_node=rng.choice([4, 8, 16]))
+        tr = Training(seq=4096, tensor_parallel=etp, expert_parallel=ep, expert_tensor_parallel=etp, data_parallel=ep)
+        nbytes = rng.uniform(1e6, 1e9)
+        assert all_to_all_across(nbytes, dev, tr, "ep") == pytest.approx(_peer_by_peer(nbytes, dev, tr, "ep"),
+                                                                         rel=1e-12)
+    dev = device("h100")
+    inside = Training(seq=4096, expert_parallel=8, data_parallel=8)
+    assert all_to_all_across(1e8, dev, inside, "ep") == all_to_all(1e8, 8, links(dev, inside, "ep"))
+    across = Training(seq=4096, tensor_parallel=8, expert_parallel=4, expert_tensor_parallel=8, data_parallel=4)
+    assert all_to_all_across(1e8, dev, across, "ep") == pytest.approx(all_to_all(1e8, 4, links(dev, across, "ep")))
 
 
 @pytest.mark.parametrize("hidden, seq", [(1024, 512), (8192, 4096)])  # collectives above, then below, the GEMMs
