@@ -229,8 +229,16 @@ def cmd_rank(args: argparse.Namespace) -> int:
     sf = read_splits(args.splits)
     splits = sf.counts
     width = splits.shape[1]
-    if spec.stages is None:  # a spec's pipeline.stages must agree with the splits (below)
+    if spec.stages is None:
         spec = _restaged(args, spec, width, spec.chunks)
+    elif width != spec.stages * spec.chunks and not width % spec.chunks:
+        # the spec's pipeline.stages gives way to the splits, as to timeline's --counts; not a
+        # pipeline.in_flight table written for its own stage count (refused below)
+        args.stages = width // spec.chunks
+        try:
+            spec = _spec(args, args.spec, note_dp=False)
+        except ValueError:
+            args.stages = None
     if spec.stages is not None and width != spec.stages * spec.chunks:
         need = f"{spec.stages} stages" + (f" x {spec.chunks} chunks" if spec.chunks > 1 else "")
         raise BadInput(f"{sf.where(0)} has {width} counts; the spec's pipeline needs {spec.stages * spec.chunks} "

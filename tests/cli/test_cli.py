@@ -507,3 +507,30 @@ def test_counts_in_sentences_agree_with_their_nouns():
     from gpuknap.cli._flags import plural  # noqa: PLC0415
     assert [plural(n, "configuration") for n in (0, 1, 2, 1500)] == [
         "0 configurations", "1 configuration", "2 configurations", "1,500 configurations"]
+
+
+def test_rank_splits_of_other_stages_than_the_spec_are_costed_for_their_own(capsys, tmp_path):
+    """rank --splits follows timeline's rule: the spec's pipeline.stages gives way to the splits'
+    width (the model rebuilt as a spec saying that count would build it); a pipeline.in_flight
+    table written for the spec's own stage count is still refused by name."""
+    import yaml
+
+    from gpuknap.cli import main
+
+    src = os.path.join(EXAMPLES, "gpt3_175b.yaml")
+    spec = yaml.safe_load(open(src))
+    eight = tmp_path / "eight.yaml"
+    eight.write_text(yaml.safe_dump({**spec, "pipeline": {**spec["pipeline"], "stages": 8}}))
+    splits = tmp_path / "s.csv"
+    splits.write_text("13,12,12,12,12,12,12,13\n12,12,12,12,12,12,13,13\n")
+    outs = []
+    for path in (src, eight):
+        assert main(["rank", str(path), "--splits", str(splits), "--quiet", "--json"]) == 0
+        outs.append(json.loads(capsys.readouterr().out)["best"])
+    assert outs[0] == outs[1] and outs[0]["counts"] == [13, 12, 12, 12, 12, 12, 12, 13]
+    demo = json.load(open(os.path.join(EXAMPLES, "demo.json")))
+    table = tmp_path / "table.json"
+    table.write_text(json.dumps({**demo, "pipeline": {**demo["pipeline"], "in_flight": [[16 - s] for s in range(16)]}}))
+    (tmp_path / "d.csv").write_text("13,12,12,12,12,12,12,13\n")
+    assert main(["rank", str(table), "--splits", str(tmp_path / "d.csv"), "--quiet"]) == 2
+    assert "the spec's pipeline needs 16" in capsys.readouterr().err
