@@ -105,9 +105,7 @@ def cmd_timeline(args: argparse.Namespace) -> int:
     p2p = args.p2p if args.p2p is not None else (costs.p2p if costs is not None else 0.0)
     solved = schedule.of_split(spec.model, counts, spec.bucket, spec.in_flight, chunks, p2p)
     if solved is None:
-        _emit(args, {**_header("timeline", spec, "numpy"), "counts": counts, "timeline": None},
-              f"split {counts} of {spec.name} does not fit the device memory")
-        return EXIT_INFEASIBLE
+        return _unfit(args, spec, counts, chunks)
     t, times, closed = solved
     names = spec.model.plan(counts, spec.bucket, spec.in_flight if chunks == spec.chunks else None, chunks)
     if args.plot:
@@ -121,3 +119,31 @@ def cmd_timeline(args: argparse.Namespace) -> int:
         text += "\n" + run_summary(run)
     _emit(args, payload, text)
     return EXIT_OK
+
+
+def _unfit(args: argparse.Namespace, spec, counts: list, chunks: int) -> int:
+    """A split that does not fit: the stage furthest over its memory with its lightest options, and,
+    when every layer's option is fixed (``--recompute``, a run as it was run) on a cost-modelled
+    model, the run's time as if it fitted (the memory model can be stricter than a real run)."""
+    model = spec.model
+    in_flight = spec.in_flight if chunks == spec.chunks else None
+    worst, over = 0, -np.inf
+    for s, stage in enumerate(model.stages(counts, in_flight, chunks)):
+        need = sum(g.count * min(o.memory(g.in_flight) for o in model.fronts[g.kind]) for g in stage.groups)
+        if need - stage.budget > over:
+            worst, over = s, need - stage.budget
+    unfit = {"stage": worst, "needed_bytes": model.capacity + over, "capacity_bytes": model.capacity,
+             "reserved_bytes": model.reserved}
+    text = (f"split {counts} of {spec.name} does not fit the device memory: stage {worst} needs "
+            f"{(model.capacity + over) / 2**30:,.1f} GiB with its lightest options ({model.reserved / 2**30:,.1f} GiB "
+            f"reserved) on the {model.capacity / 2**30:,.1f} GiB device")
+    if over <= 0:  # fits in exact bytes, not once its memory is rounded up to whole buckets
+        text += f", over it once memory is counted in buckets of {spec.bucket / 2**20:,.6g} MiB (--bucket)"
+    payload = {**_header("timeline", spec, "numpy"), "counts": counts, "timeline": None, "unfit": unfit,
+               "run_if_it_fitted": None}
+    if model.costs is not None and all(len(model.fronts[k]) == 1 for k in model.kind_order):
+        run = run_record(model, counts, [model.fronts[k][0].name for k in model.kinds], chunks)
+        payload["run_if_it_fitted"] = run
+        text += f"\nif it fitted (memory aside): {run_summary(run)}"
+    _emit(args, payload, text)
+    return EXIT_INFEASIBLE

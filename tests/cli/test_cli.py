@@ -534,3 +534,29 @@ def test_rank_splits_of_other_stages_than_the_spec_are_costed_for_their_own(caps
     (tmp_path / "d.csv").write_text("13,12,12,12,12,12,12,13\n")
     assert main(["rank", str(table), "--splits", str(tmp_path / "d.csv"), "--quiet"]) == 2
     assert "the spec's pipeline needs 16" in capsys.readouterr().err
+
+
+def test_timeline_of_a_run_that_does_not_fit_says_where_and_its_time_memory_aside(capsys):
+    """A run as it was run (--recompute) whose split the memory model does not fit: exit 1, the
+    stage furthest over and what it needs, and the run's time as if it fitted, equal to the same
+    run on a device large enough (time does not depend on capacity); a plan still to be chosen
+    (no --recompute) gets no time."""
+    from gpuknap.cli import main
+
+    config = os.path.join(EXAMPLES, "llama2_7b_config.json")
+    flags = ["--seq", "4096", "--tp", "2", "--dp", "4", "--micro-batches", "16", "--counts", "9,8,8,9", "--json",
+             "--quiet"]
+    assert main(["timeline", config, *flags, "--recompute", "none", "--capacity", "200GiB"]) == 0
+    fits = json.loads(capsys.readouterr().out)
+    assert main(["timeline", config, *flags, "--recompute", "none", "--capacity", "9GiB"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["timeline"] is None and out["unfit"]["needed_bytes"] > out["unfit"]["capacity_bytes"] == 9 * 2**30
+    run = out["run_if_it_fitted"]
+    for key in ("iteration_time_s", "mfu", "tflops_per_gpu", "gpus", "breakdown", "stage_breakdown"):
+        assert run[key] == fits[key], key
+    assert main(["timeline", config, *flags, "--capacity", "9GiB"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["run_if_it_fitted"] is None and out["unfit"]["stage"] in range(4)
+    assert main(["timeline", config, *flags[:-2], "--recompute", "none", "--capacity", "9GiB", "--quiet"]) == 1
+    text = capsys.readouterr().out
+    assert "does not fit the device memory: stage" in text and "if it fitted (memory aside)" in text
