@@ -75,7 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="overlap TP communication with the GEMMs, as Megatron's --tp-comm-overlap (needs "
                              "sequence parallelism)")
     common.add_argument("--recompute", choices=RECOMPUTE,
-                        help="run every decoder layer with this option (predict a run as it was run)")
+                        help="run every decoder layer with this option (predict a run as it was run); moe_act "
+                             "and selective+moe_act are Megatron's --recompute-modules moe_act (and core_attn): "
+                             "MoE layers recompute the experts' activation function")
     p = Parser(prog="gpuknap", description="Exact recompute-option knapsacks for pipeline splits.")
     p.add_argument("--version", action="version", version=f"gpuknap {__version__}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)

@@ -260,17 +260,28 @@ def build(arch: Architecture, tr: Training, device: Device, capacity: float, mic
 
 
 #: ``--recompute`` values and the option each decoder kind then runs.
-RECOMPUTE = {"none": "NONE", "selective": "SLCT", "full": "FULL"}
+RECOMPUTE = {"none": "NONE", "selective": "SLCT", "full": "FULL", "moe_act": "MOEACT",
+             "selective+moe_act": "SLCT+MOEACT"}
+#: What a dense layer runs for a MoE-only option (Megatron's ``moe_act`` leaves dense MLPs alone).
+_DENSE = {"MOEACT": "NONE", "SLCT+MOEACT": "SLCT"}
 
 
 def fixed(model: PipelineModel, recompute: str | Mapping) -> PipelineModel:
     """The model with every decoder layer's option fixed, to predict a run as it was run:
-    ``recompute`` is ``none``, ``selective`` or ``full`` for every decoder kind, or a mapping
+    ``recompute`` is ``none``, ``selective`` or ``full`` for every decoder kind, ``moe_act`` or
+    ``selective+moe_act`` (Megatron's ``--recompute-modules moe_act`` and ``core_attn moe_act``:
+    MoE layers ``MOEACT`` or ``SLCT+MOEACT``, dense layers ``NONE`` or ``SLCT``), or a mapping
     from kind to an option name (kinds not named keep their options)."""
     if isinstance(recompute, str):
         if recompute not in RECOMPUTE:
             raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {recompute!r}")
-        wanted = {kind: RECOMPUTE[recompute] for kind in model.kind_order if kind not in ("embedding", "output")}
+        option = RECOMPUTE[recompute]
+        decoder = [kind for kind in model.kind_order if kind not in ("embedding", "output")]
+        moe = [kind for kind in decoder if any(getattr(o, "name", None) == option for o in model.fronts[kind])]
+        if option in _DENSE and not moe:
+            raise ValueError(f"recompute (--recompute): {recompute!r} recomputes the experts' activation function, "
+                             "and the model has no MoE layers")
+        wanted = {kind: option if kind in moe else _DENSE.get(option, option) for kind in decoder}
     elif isinstance(recompute, Mapping):
         wanted = dict(recompute)
     else:

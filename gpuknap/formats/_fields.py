@@ -91,7 +91,7 @@ TRAINING = {"seq": ("--seq", 1, 10**7), "micro_batch": ("--micro-batch-size", 1,
 DEVICE = {"device": "--device", "gpus_per_node": "--gpus-per-node", "efficiency": "--efficiency",
           "device_fields": "--device-field"}
 #: Keywords for a run as it was run: every decoder layer's option.
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "full", "moe_act", "selective+moe_act")
 BOOLEANS = ("sequence_parallel", "tp_comm_overlap")
 
 

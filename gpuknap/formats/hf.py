@@ -372,7 +372,10 @@ def spec_of(data: Mapping, path: str, capacity: Any, micro_batches: Any, stages:
         keywords.setdefault("pipeline_parallel", stages)
     model = model_of(data, path, capacity, micro_batches, reserved, device=dev, **keywords)
     if training.get("recompute"):
-        model = fixed(model, training["recompute"])
+        try:
+            model = fixed(model, training["recompute"])
+        except ValueError as exc:
+            raise ValueError(f"{path}: {exc}") from None
     arch = data.get("architectures")
     name = next((n for n in (data.get("_name_or_path"), arch[0] if isinstance(arch, list) and arch else None)
                  if isinstance(n, str) and n), os.path.basename(path))

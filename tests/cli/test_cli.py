@@ -560,3 +560,28 @@ def test_timeline_of_a_run_that_does_not_fit_says_where_and_its_time_memory_asid
     assert main(["timeline", config, *flags[:-2], "--recompute", "none", "--capacity", "9GiB", "--quiet"]) == 1
     text = capsys.readouterr().out
     assert "does not fit the device memory: stage" in text and "if it fitted (memory aside)" in text
+
+
+@pytest.mark.parametrize("name, dense, moe", [("moe_act", "NONE", "MOEACT"),
+                                              ("selective+moe_act", "SLCT", "SLCT+MOEACT")])
+def test_timeline_recompute_moe_act_is_megatrons_recompute_modules(capsys, name, dense, moe):
+    """--recompute moe_act (Megatron's --recompute-modules moe_act, with core_attn for
+    selective+moe_act) runs MoE layers MOEACT and dense layers as Megatron leaves them: the same
+    run as the kinds' options fixed one by one through the API; a dense model refuses it."""
+    from gpuknap.cli import main
+    from gpuknap.costs import estimate, fixed
+    from gpuknap.formats import load_spec
+
+    config = os.path.join(EXAMPLES, "deepseek_v3_small_config.json")
+    flags = ["--seq", "4096", "--stages", "2", "--micro-batches", "8", "--dp", "1"]
+    assert main(["timeline", config, *flags, "--recompute", name, "--json", "--quiet"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    model = fixed(load_spec(config, seq=4096, stages=2, micro_batches=8, data_parallel=1).model,
+                  {"dense": dense, "moe": moe})
+    counts = out["timeline"]["counts"]
+    run = estimate(model, counts, [model.fronts[k][0].name for k in model.kinds])
+    assert out["iteration_time_s"] == run.iteration_time and out["breakdown"] == run.breakdown
+    llama = os.path.join(EXAMPLES, "llama2_7b_config.json")
+    assert main(["timeline", llama, *flags, "--recompute", name, "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--recompute" in err[0] and "no MoE layers" in err[0]
