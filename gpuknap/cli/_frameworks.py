@@ -238,6 +238,13 @@ def rank_settings(args: argparse.Namespace, make_spec: Callable[..., Any], emit:
                 and not tr.sequence_parallel):
             raise _bad("Megatron's MoE layers refuse tensor parallelism without --sequence-parallel (MoELayer.forward "
                        "raises when training so): add --sequence-parallel", source)
+        moe = any(getattr(o, "name", None) == "MOEACT" for k in spec.model.kind_order for o in spec.model.fronts[k])
+        if run.get("moe_dispatcher") in ("allgather", "default") and moe and tr.ep * tr.etp > 1:
+            said = ("--moe-token-dispatcher-type allgather" if run["moe_dispatcher"] == "allgather" else
+                    "without --moe-token-dispatcher-type, Megatron's default dispatcher, allgather "
+                    "(transformer_config.py),")
+            raise _bad(f"{said} all-gathers every token over the EP x ETP ranks and reduce-scatters the results; "
+                       "gpuknap costs the alltoall dispatcher: write --moe-token-dispatcher-type alltoall", source)
         comm = run.get("cp_comm")
         if run.get("sliding") and spec.model.costs.training.cp > 1 and not (
                 comm and all(t in formats.megatron.WINDOW_CP_COMM for t in comm)):

@@ -30,6 +30,7 @@ READ = {
     "--global-batch-size": 1, "--seq-length": 1, "--use-distributed-optimizer": 0, "--moe-grouped-gemm": 0,
     "--mtp-num-layers": 1, "--no-overlap-p2p-communication": 0, "--encoder-seq-length": 1, "--window-size": 1,
     "--cp-comm-type": "*", "--hierarchical-context-parallel-sizes": "*", "--tp-comm-overlap": 0, "--overlap-grad-reduce": 0, "--overlap-param-gather": 0,
+    "--moe-token-dispatcher-type": 1,
     # read to be refused: they conflict with a layout, or change what gpuknap models
     "--decoder-first-pipeline-num-layers": 1, "--decoder-last-pipeline-num-layers": 1,
     "--account-for-embedding-in-pipeline-split": 0, "--account-for-loss-in-pipeline-split": 0,

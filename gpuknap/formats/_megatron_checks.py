@@ -83,6 +83,10 @@ def _int(args: dict, flag: str, path: str, low: int = 1) -> int | None:
     return int(values[0])
 
 
+#: Megatron's token dispatchers (TransformerConfig.moe_token_dispatcher_type; allgather the default).
+DISPATCHERS = ("allgather", "alltoall", "flex")
+
+
 def _choice(args: dict, flag: str, path: str, choices: tuple) -> str | None:
     if flag not in args:
         return None
@@ -208,6 +212,13 @@ def check_arguments(args: dict, path: str) -> dict:
         run["tp_comm_overlap"] = True
     elif whole:
         run["tp_comm_overlap"] = False
+    dispatcher = _choice(args, "--moe-token-dispatcher-type", path, DISPATCHERS)
+    if dispatcher == "flex":
+        notes.append("--moe-token-dispatcher-type flex: costed as the alltoall dispatcher, every routed copy of a "
+                     "token sent to its expert's rank; DeepEP and HybridEP send a token once per node, so across "
+                     "nodes the EP time is overstated")
+    if dispatcher is not None or whole:  # transformer_config.py: allgather unless given
+        run["moe_dispatcher"] = dispatcher or "default"
     sharding(args, path, whole)
     if whole:  # said by the command, which knows whether the run has data parallelism
         run["overlap_grad_reduce"] = "--overlap-grad-reduce" in args
@@ -301,7 +312,7 @@ def run_flags(run: Any) -> list[str]:
     out.append(f"--context-parallel-size {run.cp}")
     if run.moe:  # grouped GEMM: the experts' matrices as the cost model runs them; moe_act needs it
         out += [f"--expert-model-parallel-size {run.ep}", f"--expert-tensor-parallel-size {run.etp}",
-                "--moe-grouped-gemm"]
+                "--moe-grouped-gemm", "--moe-token-dispatcher-type alltoall"]  # the dispatcher the costs run
     out += [f"--micro-batch-size {run.micro_batch}", f"--global-batch-size {run.global_batch}",
             f"--seq-length {run.seq}"]
     if run.distributed_optimizer:

@@ -32,8 +32,12 @@ INTS = {"--num-layers", "--pipeline-model-parallel-size", "--tensor-model-parall
         "--seq-length", "--mtp-num-layers", "--recompute-num-layers", "--decoder-first-pipeline-num-layers",
         "--decoder-last-pipeline-num-layers", "--num-layers-per-virtual-pipeline-stage",
         "--num-virtual-stages-per-pipeline-rank"}
-STRINGS = {"--pipeline-model-parallel-layout", "--recompute-granularity", "--recompute-method"}
-CHOICES = {"--recompute-granularity": ("full", "selective"), "--recompute-method": ("block", "uniform")}
+STRINGS = {"--pipeline-model-parallel-layout", "--recompute-granularity", "--recompute-method",
+           "--moe-token-dispatcher-type"}
+#: ``--moe-token-dispatcher-type``: made by arguments.py's ``ArgumentGroupFactory(TransformerConfig)`` from the
+#: field's ``Literal`` (transformer_config.py, ``moe_token_dispatcher_type``, default allgather).
+CHOICES = {"--recompute-granularity": ("full", "selective"), "--recompute-method": ("block", "uniform"),
+           "--moe-token-dispatcher-type": ("allgather", "alltoall", "flex")}
 MODULES = {"core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts", "gdn_norm_out",
            "gdp_in_proj", "gdp_qkv", "mhc"}
 

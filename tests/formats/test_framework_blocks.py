@@ -107,6 +107,7 @@ def test_megatron_block_passes_megatrons_checks_and_runs_the_plan(case, chunks, 
         if "moe" in spec.model.kind_order:
             assert (ns["--expert-model-parallel-size"], derived["etp"], ns["--moe-grouped-gemm"]) == \
                 (run.ep, run.etp, True)
+            assert ns["--moe-token-dispatcher-type"] == "alltoall"  # the dispatcher the costs run, not the default
     file = tmp_path / "run.sh"
     file.write_text(text)
     assert megatron.load(str(file)).split(spec.model) == (counts, names)  # gpuknap reads it back as planned
@@ -166,6 +167,6 @@ def test_shipped_configs_block_has_every_size_gpuknap_assumed(config, extra, cap
                                                                             for k in spec.model.kinds)
     if "moe" in spec.model.kind_order:
         assert (ns["--expert-model-parallel-size"], ns["--expert-tensor-parallel-size"]) == (run.ep, run.etp)
-        assert ns["--moe-grouped-gemm"]
+        assert ns["--moe-grouped-gemm"] and ns["--moe-token-dispatcher-type"] == "alltoall"
     assert ns["--mtp-num-layers"] == (mtp_layers(path) or None)
     assert f"runs on {run.tp * run.cp * run.dp * stages} GPUs" in text

@@ -113,6 +113,7 @@ def test_a_whole_moe_run_without_expert_tensor_parallelism_runs_etp_tp(capsys, t
     a contradiction, refused as other flags against the file are; EP defaults to 1
     (model_parallel_config.py 127)."""
     moe = BASE.replace("--use-distributed-optimizer", "--use-distributed-optimizer --moe-grouped-gemm "
+                                                      "--moe-token-dispatcher-type alltoall "
                                                       "--expert-model-parallel-size 2") + "\n"
     run = ["--capacity", "200GiB", "--dp", "2", "--quiet"]
     refused(capsys, tmp_path, moe, ["no --expert-tensor-parallel-size", "ETP = TP = 2", "--etp 1"], *run, "--etp", "1",
@@ -330,3 +331,31 @@ def test_ordinary_variables_keep_a_launch_whole(capsys, tmp_path, extra):
                                                                   "python ${MEGATRON}/pretrain_gpt.py")
     refused(capsys, tmp_path, f"{launch} {extra}\n", ["micro_batches = 1", "--micro-batches 64"], *RUN,
             "--micro-batches", "64")
+
+
+def test_the_token_dispatcher_is_the_one_gpuknap_costs_or_is_named(capsys, tmp_path):
+    """transformer_config.py: Megatron's default token dispatcher is allgather (every token gathered
+    over the EP x ETP ranks), and gpuknap costs the alltoall dispatcher: a whole MoE launch with EP x
+    ETP > 1 that leaves the flag out, or gives allgather, is refused naming the flag; alltoall is read;
+    flex (DeepEP, HybridEP) is costed as alltoall with a note; a value Megatron's parser refuses is
+    refused; with EP x ETP = 1 no dispatcher communicates, and none is refused."""
+    moe = BASE.replace("--use-distributed-optimizer", "--use-distributed-optimizer --moe-grouped-gemm "
+                                                      "--expert-model-parallel-size 2 --expert-tensor-parallel-size 1"
+                       ) + "\n"
+    run = ["--capacity", "200GiB", "--dp", "2", "--quiet"]
+
+    def using(value):
+        return moe.replace("--moe-grouped-gemm", f"--moe-grouped-gemm --moe-token-dispatcher-type {value}")
+
+    refused(capsys, tmp_path, moe, ["without --moe-token-dispatcher-type", "default dispatcher, allgather",
+                                    "write --moe-token-dispatcher-type alltoall"], *run, spec=MIXTRAL)
+    refused(capsys, tmp_path, using("allgather"), ["--moe-token-dispatcher-type allgather all-gathers"], *run,
+            spec=MIXTRAL)
+    refused(capsys, tmp_path, using("a2a"), ["expected allgather or alltoall or flex"], *run, spec=MIXTRAL)
+    alltoall, _ = scored(capsys, tmp_path, using("alltoall"), *run, spec=MIXTRAL)
+    flex, _ = scored(capsys, tmp_path, using("flex"), *run, spec=MIXTRAL)
+    notes = flex.pop("notes")
+    assert any("flex: costed as the alltoall dispatcher" in n for n in notes), notes
+    assert [n for n in notes if "flex" not in n] == alltoall.pop("notes") and flex == alltoall
+    one = moe.replace("--expert-model-parallel-size 2", "--expert-model-parallel-size 1")
+    scored(capsys, tmp_path, one, *run, spec=MIXTRAL)
