@@ -266,12 +266,21 @@ RECOMPUTE = {"none": "NONE", "selective": "SLCT", "full": "FULL", "moe_act": "MO
 _DENSE = {"MOEACT": "NONE", "SLCT+MOEACT": "SLCT"}
 
 
-def fixed(model: PipelineModel, recompute: str | Mapping) -> PipelineModel:
+def fixed(model: PipelineModel, recompute: str | Mapping, where: str = "") -> PipelineModel:
     """The model with every decoder layer's option fixed, to predict a run as it was run:
     ``recompute`` is ``none``, ``selective`` or ``full`` for every decoder kind, ``moe_act`` or
     ``selective+moe_act`` (Megatron's ``--recompute-modules moe_act`` and ``core_attn moe_act``:
     MoE layers ``MOEACT`` or ``SLCT+MOEACT``, dense layers ``NONE`` or ``SLCT``), or a mapping
-    from kind to an option name (kinds not named keep their options)."""
+    from kind to an option name (kinds not named keep their options).  ``where`` (a file) begins
+    every error message."""
+    try:
+        return _fixed(model, recompute)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}" if where else str(exc)) from None
+
+
+def _fixed(model: PipelineModel, recompute: str | Mapping) -> PipelineModel:
+    """:func:`fixed` without its file."""
     if isinstance(recompute, str):
         if recompute not in RECOMPUTE:
             raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {recompute!r}")

@@ -372,10 +372,7 @@ def spec_of(data: Mapping, path: str, capacity: Any, micro_batches: Any, stages:
         keywords.setdefault("pipeline_parallel", stages)
     model = model_of(data, path, capacity, micro_batches, reserved, device=dev, **keywords)
     if training.get("recompute"):
-        try:
-            model = fixed(model, training["recompute"])
-        except ValueError as exc:
-            raise ValueError(f"{path}: {exc}") from None
+        model = fixed(model, training["recompute"], where=path)
     arch = data.get("architectures")
     name = next((n for n in (data.get("_name_or_path"), arch[0] if isinstance(arch, list) and arch else None)
                  if isinstance(n, str) and n), os.path.basename(path))
