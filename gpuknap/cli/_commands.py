@@ -237,8 +237,10 @@ def cmd_rank(args: argparse.Namespace) -> int:
         args.stages = width // spec.chunks
         try:
             spec = _spec(args, args.spec, note_dp=False)
-        except ValueError:
-            args.stages = None
+        except ValueError as exc:  # the model for the splits' stage count is not one this spec builds
+            need = f"{spec.stages} stages" + (f" x {spec.chunks} chunks" if spec.chunks > 1 else "")
+            raise BadInput(f"{sf.where(0)} has {width} counts; the spec's pipeline needs {spec.stages * spec.chunks} "
+                           f"({need}), and rebuilt for {plural(width // spec.chunks, 'stage')} it fails: {exc}") from None
     if spec.stages is not None and width != spec.stages * spec.chunks:
         need = f"{spec.stages} stages" + (f" x {spec.chunks} chunks" if spec.chunks > 1 else "")
         raise BadInput(f"{sf.where(0)} has {width} counts; the spec's pipeline needs {spec.stages * spec.chunks} "

@@ -208,6 +208,9 @@ def rank_settings(args: argparse.Namespace, make_spec: Callable[..., Any], emit:
                   header: Callable[[Any], dict]) -> int:
     """``rank --from FILE``: score a framework's settings on the model, built as they run it."""
     source = args.settings
+    if args.recompute is not None:
+        raise ValueError(f"--recompute: {source} gives the recompute the run uses (none when it says nothing); "
+                         "drop the flag, or change the settings")
     settings = formats.read_settings(source)
     args.stages = settings.stages
     run = getattr(settings, "run", {}) or {}
@@ -238,7 +241,7 @@ def rank_settings(args: argparse.Namespace, make_spec: Callable[..., Any], emit:
                 and not tr.sequence_parallel):
             raise _bad("Megatron's MoE layers refuse tensor parallelism without --sequence-parallel (MoELayer.forward "
                        "raises when training so): add --sequence-parallel", source)
-        moe = any(getattr(o, "name", None) == "MOEACT" for k in spec.model.kind_order for o in spec.model.fronts[k])
+        moe = any(spec.model.costs.expert_params.get(k) for k in spec.model.kind_order)  # whatever --recompute kept
         if run.get("moe_dispatcher") in ("allgather", "default") and moe and tr.ep * tr.etp > 1:
             said = ("--moe-token-dispatcher-type allgather" if run["moe_dispatcher"] == "allgather" else
                     "without --moe-token-dispatcher-type, Megatron's default dispatcher, allgather "

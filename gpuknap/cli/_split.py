@@ -133,12 +133,16 @@ def _unfit(args: argparse.Namespace, spec, counts: list, chunks: int) -> int:
         if need - stage.budget > over:
             worst, over = s, need - stage.budget
     unfit = {"stage": worst, "needed_bytes": model.capacity + over, "capacity_bytes": model.capacity,
-             "reserved_bytes": model.reserved}
+             "reserved_bytes": model.reserved, "fits_in_exact_bytes": bool(over <= 0)}
     text = (f"split {counts} of {spec.name} does not fit the device memory: stage {worst} needs "
-            f"{(model.capacity + over) / 2**30:,.1f} GiB with its lightest options ({model.reserved / 2**30:,.1f} GiB "
-            f"reserved) on the {model.capacity / 2**30:,.1f} GiB device")
+            f"{(model.capacity + over) / 2**30:,.2f} GiB with its lightest options ({model.reserved / 2**30:,.2f} GiB "
+            f"reserved) on the {model.capacity / 2**30:,.2f} GiB device")
     if over <= 0:  # fits in exact bytes, not once its memory is rounded up to whole buckets
         text += f", over it once memory is counted in buckets of {spec.bucket / 2**20:,.6g} MiB (--bucket)"
+    else:
+        text += f", {over / 2**20:,.1f} MiB over"
+    if args.plot:
+        text += f"\nno plot written to {args.plot}: nothing was simulated"
     payload = {**_header("timeline", spec, "numpy"), "counts": counts, "timeline": None, "unfit": unfit,
                "run_if_it_fitted": None}
     if model.costs is not None and all(len(model.fronts[k]) == 1 for k in model.kind_order):

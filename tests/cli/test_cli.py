@@ -533,7 +533,9 @@ def test_rank_splits_of_other_stages_than_the_spec_are_costed_for_their_own(caps
     table.write_text(json.dumps({**demo, "pipeline": {**demo["pipeline"], "in_flight": [[16 - s] for s in range(16)]}}))
     (tmp_path / "d.csv").write_text("13,12,12,12,12,12,12,13\n")
     assert main(["rank", str(table), "--splits", str(tmp_path / "d.csv"), "--quiet"]) == 2
-    assert "the spec's pipeline needs 16" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "the spec's pipeline needs 16" in err and "rebuilt for 8 stages" in err and "pipeline.in_flight" in err
+    assert len(err.strip().splitlines()) == 1
 
 
 def test_timeline_of_a_run_that_does_not_fit_says_where_and_its_time_memory_aside(capsys):
@@ -551,6 +553,7 @@ def test_timeline_of_a_run_that_does_not_fit_says_where_and_its_time_memory_asid
     assert main(["timeline", config, *flags, "--recompute", "none", "--capacity", "9GiB"]) == 1
     out = json.loads(capsys.readouterr().out)
     assert out["timeline"] is None and out["unfit"]["needed_bytes"] > out["unfit"]["capacity_bytes"] == 9 * 2**30
+    assert out["unfit"]["fits_in_exact_bytes"] is False
     run = out["run_if_it_fitted"]
     for key in ("iteration_time_s", "mfu", "tflops_per_gpu", "gpus", "breakdown", "stage_breakdown"):
         assert run[key] == fits[key], key
@@ -560,6 +563,7 @@ def test_timeline_of_a_run_that_does_not_fit_says_where_and_its_time_memory_asid
     assert main(["timeline", config, *flags[:-2], "--recompute", "none", "--capacity", "9GiB", "--quiet"]) == 1
     text = capsys.readouterr().out
     assert "does not fit the device memory: stage" in text and "if it fitted (memory aside)" in text
+    assert "MiB over" in text
 
 
 @pytest.mark.parametrize("name, dense, moe", [("moe_act", "NONE", "MOEACT"),

@@ -352,6 +352,10 @@ def test_the_token_dispatcher_is_the_one_gpuknap_costs_or_is_named(capsys, tmp_p
     refused(capsys, tmp_path, using("allgather"), ["--moe-token-dispatcher-type allgather all-gathers"], *run,
             spec=MIXTRAL)
     refused(capsys, tmp_path, using("a2a"), ["expected allgather or alltoall or flex"], *run, spec=MIXTRAL)
+    # a --recompute on the command line is refused beside settings (they give the recompute), so it
+    # cannot strip the MoE options the dispatcher check looks at either
+    refused(capsys, tmp_path, using("allgather"), ["--recompute:", "gives the recompute"], *run, "--recompute",
+            "full", spec=MIXTRAL)
     alltoall, _ = scored(capsys, tmp_path, using("alltoall"), *run, spec=MIXTRAL)
     flex, _ = scored(capsys, tmp_path, using("flex"), *run, spec=MIXTRAL)
     notes = flex.pop("notes")
