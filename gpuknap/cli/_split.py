@@ -126,12 +126,7 @@ def _unfit(args: argparse.Namespace, spec, counts: list, chunks: int) -> int:
     when every layer's option is fixed (``--recompute``, a run as it was run) on a cost-modelled
     model, the run's time as if it fitted (the memory model can be stricter than a real run)."""
     model = spec.model
-    in_flight = spec.in_flight if chunks == spec.chunks else None
-    worst, over = 0, -np.inf
-    for s, stage in enumerate(model.stages(counts, in_flight, chunks)):
-        need = sum(g.count * min(o.memory(g.in_flight) for o in model.fronts[g.kind]) for g in stage.groups)
-        if need - stage.budget > over:
-            worst, over = s, need - stage.budget
+    worst, over = model.furthest_over(counts, spec.in_flight if chunks == spec.chunks else None, chunks)
     unfit = {"stage": worst, "needed_bytes": model.capacity + over, "capacity_bytes": model.capacity,
              "reserved_bytes": model.reserved, "fits_in_exact_bytes": bool(over <= 0)}
     text = (f"split {counts} of {spec.name} does not fit the device memory: stage {worst} needs "

@@ -14,6 +14,8 @@ micro-batches alive under Megatron's interleaved 1F1B (:mod:`gpuknap.schedule`).
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any, Hashable, Mapping, Sequence
@@ -186,6 +188,16 @@ class PipelineModel:
                 stage = cache[key] = Stage(groups, self.budget_of(groups))
             out.append(stage)
         return out
+
+    def furthest_over(self, counts: Sequence[int], in_flight: Any = None, chunks: int = 1) -> tuple[int, float]:
+        """``(stage, bytes)``: the stage whose lightest options exceed its budget most, and by how
+        much (``<= 0``: every stage fits with its lightest options, before rounding to buckets)."""
+        worst, over = 0, -math.inf
+        for s, stage in enumerate(self.stages(counts, in_flight, chunks)):
+            lightest = sum(g.count * min(o.memory(g.in_flight) for o in self.fronts[g.kind]) for g in stage.groups)
+            if lightest - stage.budget > over:
+                worst, over = s, lightest - stage.budget
+        return worst, over
 
     def plan(self, counts: Sequence[int], bucket: float | None = None, in_flight: Any = None,
              chunks: int = 1) -> list[str | None] | None:

@@ -9,7 +9,6 @@ order.
 """
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -36,13 +35,7 @@ def infeasible_reason(model: Any, stages: int, chunks: int, held: Any) -> str:
     n = model.layers
     parts = stages * chunks
     counts = [n // parts + (1 if i < n % parts else 0) for i in range(parts)]
-    worst, over = 0, -math.inf
-    for s, stage in enumerate(model.stages(counts, None, chunks)):
-        lightest = 0.0
-        for g in stage.groups:
-            lightest += g.count * min(o.memory(g.in_flight) for o in model.fronts[g.kind])
-        if lightest - stage.budget > over:
-            worst, over = s, lightest - stage.budget
+    worst, over = model.furthest_over(counts, None, chunks)
     if over <= 0:
         return ("no split found within memory, though an even split fits with the lightest options "
                 "before memory is rounded to buckets")
