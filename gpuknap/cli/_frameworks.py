@@ -237,11 +237,11 @@ def rank_settings(args: argparse.Namespace, make_spec: Callable[..., Any], emit:
             raise _bad("parallel_config.vocab_emb_dp: with one pipeline stage MindFormers keeps the embedding and "
                        "output layer whole on every model-parallel rank unless it is False; gpuknap costs them split "
                        "over model_parallel: set vocab_emb_dp: False", source)
-        if (isinstance(settings, formats.megatron.Settings) and "moe" in spec.model.kind_order and tr.tp > 1
+        moe = spec.model.costs.moe
+        if (isinstance(settings, formats.megatron.Settings) and moe and tr.tp > 1
                 and not tr.sequence_parallel):
             raise _bad("Megatron's MoE layers refuse tensor parallelism without --sequence-parallel (MoELayer.forward "
                        "raises when training so): add --sequence-parallel", source)
-        moe = any(spec.model.costs.expert_params.get(k) for k in spec.model.kind_order)  # whatever --recompute kept
         if run.get("moe_dispatcher") in ("allgather", "default") and moe and tr.ep * tr.etp > 1:
             said = ("--moe-token-dispatcher-type allgather" if run["moe_dispatcher"] == "allgather" else
                     "without --moe-token-dispatcher-type, Megatron's default dispatcher, allgather "

@@ -48,6 +48,12 @@ class ModelCosts:
     window: int | None = None
     mtp: int = 0
 
+    @property
+    def moe(self) -> bool:
+        """Whether the model has MoE layers (expert parameters), whatever options a fixed recompute
+        left them."""
+        return any(v > 0 for v in self.expert_params.values())
+
     def tail(self, kinds: Mapping, forward: float, backward: float) -> float:
         """Time after a stage's last backward (ms): the exposed part of the data-parallel gradient
         reduce-scatter and parameter all-gather, then the optimizer step.  ``kinds``: the stage's

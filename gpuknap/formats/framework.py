@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..search import decoder_kinds, run_names
+from ..search import run_names
 
 EMBEDDING, DECODER, LOSS, MTP = "E", "t", "L", "m"
 
@@ -69,7 +69,7 @@ def run_of(model: Any, stages: int) -> Run | None:
     tr = getattr(costs, "training", None)
     if tr is None:
         return None
-    moe = any("MOEACT" in {getattr(o, "name", None) for o in model.fronts[k]} for k in decoder_kinds(model))
+    moe = costs.moe  # from the expert parameters: a fixed recompute (--recompute full) leaves no MOEACT option
     return Run(tr.tp, tr.cp, tr.ep, tr.etp, tr.dp, stages, tr.seq, tr.micro_batch, model.micro_batches,
                bool(tr.sequence_parallel), bool(tr.distributed_optimizer), moe, getattr(costs, "window", None),
                bool(tr.tp_comm_overlap))

@@ -589,3 +589,25 @@ def test_timeline_recompute_moe_act_is_megatrons_recompute_modules(capsys, name,
     assert main(["timeline", llama, *flags, "--recompute", name, "--quiet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--recompute" in err[0] and "no MoE layers" in err[0]
+
+
+def test_emit_of_a_moe_model_with_fixed_recompute_states_its_expert_parallelism(capsys, tmp_path):
+    """With --recompute full every MoE layer keeps only FULL, no MOEACT option: the emitted run still
+    knows the model has experts (from their parameters), so the block writes the EP sizes, grouped
+    GEMM and the dispatcher the plan assumed, and reads back to the same score."""
+    from gpuknap.cli import main
+
+    config = os.path.join(EXAMPLES, "mixtral_small_config.json")
+    flags = ["--seq", "4096", "--micro-batches", "8", "--ep", "2", "--dp", "2", "--quiet"]
+    assert main(["best", config, "--stages", "2", *flags, "--recompute", "full", "--emit", "megatron"]) == 0
+    block = capsys.readouterr().out
+    for line in ("--expert-model-parallel-size 2", "--expert-tensor-parallel-size 1", "--moe-grouped-gemm",
+                 "--moe-token-dispatcher-type alltoall", "--recompute-granularity full"):
+        assert line in block, line
+    assert main(["best", config, "--stages", "2", *flags, "--recompute", "full", "--json"]) == 0
+    best = json.loads(capsys.readouterr().out)["results"][0]
+    (tmp_path / "run.sh").write_text(block)
+    assert main(["rank", config, "--from", str(tmp_path / "run.sh"), *flags[:-3], "--dp", "2", "--quiet",
+                 "--json"]) == 0
+    back = json.loads(capsys.readouterr().out)["best"]
+    assert back["counts"] == best["counts"] and back["score"] == best["score"]
