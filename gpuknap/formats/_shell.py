@@ -122,12 +122,30 @@ def _heredoc(text: str) -> tuple[str, bool] | None:
     return None
 
 
-def commands(text: str, path: str) -> list[tuple[list[str], int, int, int]]:
-    """The commands of a text: each its shell words, its first line, and the lowest and the last
-    depth of its unquoted parentheses (how an array's lines open and close it)."""
-    out: list[tuple[list[str], int, int, int]] = []
+def _split_at(joined: str, starts: list[tuple[int, int]]) -> tuple[list[str], list[int]]:
+    """``shlex.split`` of a command's text, with the line each word starts on (``starts``: the
+    offset in the text where each of its physical lines begins, with that line's number)."""
+    lex = shlex.shlex(joined, posix=True)
+    lex.whitespace_split, lex.commenters = True, ""
+    split, at, end = [], [], 0
+    while True:
+        word = lex.get_token()
+        if word is None:
+            return split, at
+        begin = len(joined) - len(joined[end:].lstrip())  # the word's first character
+        split.append(word)
+        at.append(max(number for offset, number in starts if offset <= begin))
+        end = lex.instream.tell()
+
+
+def commands(text: str, path: str) -> list[tuple[list[str], int, int, int, list[int]]]:
+    """The commands of a text: each its shell words, its first line, the lowest and the last
+    depth of its unquoted parentheses (how an array's lines open and close it), and the line
+    each word is written on (a command continued over lines has words on several)."""
+    out: list[tuple[list[str], int, int, int, list[int]]] = []
     lines = re.split(r"\r?\n", text)
     joined, first, quote, low, depth, heredoc = "", None, None, 0, 0, None
+    starts: list[tuple[int, int]] = []  # where each physical line begins in joined
     in_array = False  # inside an array's parentheses, where a newline is only a space
     for number, line in enumerate(lines, 1):
         if heredoc is not None:  # a here-document's text is input to a program, not words
@@ -136,6 +154,7 @@ def commands(text: str, path: str) -> list[tuple[list[str], int, int, int]]:
             continue
         if first is None:
             first = number
+        starts.append((len(joined), number))
         kept, quote_after, line_low, line_depth = _scan(line, quote)
         comment_only = quote is None and not kept.strip() and line.strip().startswith("#")
         if joined and comment_only and not in_array and depth <= 0 \
@@ -156,14 +175,14 @@ def commands(text: str, path: str) -> list[tuple[list[str], int, int, int]]:
                 continue
             raise ValueError(f"{path}: line {first}: cannot split the line into words (no closing quotation)")
         try:
-            split = shlex.split(joined)
+            split, at = _split_at(joined, starts)
         except ValueError as exc:
             raise ValueError(f"{path}: line {first}: cannot split the line into words ({exc})") from None
         _no_bare_pipes(joined, split, path, first)
-        out.append((split, first, low, depth))
+        out.append((split, first, low, depth, at))
         heredoc = _heredoc(joined)
         in_array = low >= 0 if in_array else _opens_array(split) and depth > 0
-        joined, first, low, depth = "", None, 0, 0
+        joined, first, low, depth, starts = "", None, 0, 0, []
     return out
 
 
@@ -209,11 +228,11 @@ def words(text: str, path: str, ends: bool = False) -> list[tuple[str | None, in
         if not append:  # set whole again: every word known
             partly.pop(name, None)
 
-    for split, line, low, end in commands(text, path):
+    for split, line, low, end, at in commands(text, path):
         if array is not None:  # the lines of an array defined over several: an unmatched ")" ends it
             name, append, held = array
             closing = low < 0
-            held += [(_unclosed(w) if closing and i == len(split) - 1 else w, line) for i, w in enumerate(split)]
+            held += [(_unclosed(w) if closing and i == len(split) - 1 else w, at[i]) for i, w in enumerate(split)]
             if closing:
                 store(name, [(w, at) for w, at in held if w], line, append)
                 array = None
@@ -237,7 +256,8 @@ def words(text: str, path: str, ends: bool = False) -> list[tuple[str | None, in
             name, append, held = defined.group(1), bool(defined.group(2)), [defined.group(3)] + rest[1:]
             if end <= 0:  # closed on its own line
                 held[-1] = _unclosed(held[-1])
-            pairs = [(w, line) for w in held if w]
+            skipped = len(split) - len(rest)  # the declarer and its options
+            pairs = [(w, at[skipped + i]) for i, w in enumerate(held) if w]
             if end <= 0:
                 store(name, pairs, line, append)
             else:
@@ -249,14 +269,15 @@ def words(text: str, path: str, ends: bool = False) -> list[tuple[str | None, in
             value = assigned.group(3).split()
             store(assigned.group(1), [(w, line) for w in value], line, bool(assigned.group(2)))
             continue
-        program = split
-        while len(program) > 1 and _ASSIGN.fullmatch(program[0]):  # VAR=value prefixes: the program's
+        program = list(zip(split, at))
+        while len(program) > 1 and _ASSIGN.fullmatch(program[0][0]):  # VAR=value prefixes: the program's
             program = program[1:]  # environment (CUDA_VISIBLE_DEVICES=0 python ...), not its words
-        passed_words = [e for word in program for e in expand(word, line)]
+        passed_words = [e for word, word_at in program for e in expand(word, word_at)]
         led = bool(passed_words) and passed_words[0][0].startswith("-")
         if led and not depth and stray is None:
             stray = passed_words[0]
-        ran = ran or bool(program) and not led and not _ASSIGN.fullmatch(program[0]) and program[0] not in _KEYWORDS
+        ran = ran or bool(program) and not led and not _ASSIGN.fullmatch(program[0][0]) \
+            and program[0][0] not in _KEYWORDS
         out += passed_words + ([(None, line)] if ends and passed_words else [])
     if array is not None:  # bash: "syntax error: unexpected end of file"
         raise ValueError(f"{path}: line {opened}: the array {array[0]}=( is never closed (no unmatched ')' before "

@@ -3,6 +3,7 @@
 and gpuknap's flags must be bash's, in order (skipped where bash is not installed)."""
 from __future__ import annotations
 
+import random
 import shutil
 import subprocess
 
@@ -116,4 +117,24 @@ def test_a_file_of_flags_only_is_read_as_written():
 def test_an_arrays_words_keep_the_lines_they_were_written_on():
     script = "ARGS=(\n  --num-layers 4\n  --seq-length 4096 \\\n    --lr 1e-4\n)\nARGS+=(--bf16)\npython p.py \"${ARGS[@]}\"\n"
     got = dict(words(script, "run.sh"))
-    assert (got["--num-layers"], got["--seq-length"], got["--lr"], got["--bf16"]) == (2, 3, 3, 6)
+    assert (got["--num-layers"], got["--seq-length"], got["--lr"], got["--bf16"]) == (2, 3, 4, 6)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_continued_commands_words_carry_their_own_lines(seed):
+    """A launch continued over lines (``python p.py \\`` then a flag or more per line, now and then a
+    quoted value over two lines): each word reports the line it starts on, found here by where its
+    unique text first appears, so an error about a flag points at the line that gives it."""
+    rng = random.Random(seed)
+    text = "python p.py"
+    for k in range(rng.randint(1, 12)):
+        if rng.random() < 0.5:
+            text += " \\\n "
+        text += f' --flag-{k} ' + (f'"v{k}\nw{k}"' if rng.random() < 0.2 else f"{k}x")
+    expected = {}
+    for number, line in enumerate(text.split("\n"), 1):
+        for word in line.split():
+            if word.startswith("--"):
+                expected.setdefault(word, number)
+    got = {w: at for w, at in words(text + "\n", "run.sh") if w.startswith("--")}
+    assert got == expected
