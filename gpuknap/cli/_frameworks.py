@@ -279,6 +279,10 @@ def rank_settings(args: argparse.Namespace, make_spec: Callable[..., Any], emit:
     if isinstance(settings, formats.megatron.Settings):
         cp = spec.model.costs.training.cp if spec.model.costs is not None else 1
         notes += _window_notes(formats.window_tokens(args.spec), run.get("window"), cp)
+    if run.get("moe_dispatcher") == "flex" and tr is not None and spec.model.costs.moe and tr.ep * tr.etp > 1:
+        notes.append("--moe-token-dispatcher-type flex: costed as the alltoall dispatcher, every routed copy of a "
+                     "token sent to its expert's rank; DeepEP and HybridEP send a token once per node, so across "
+                     "nodes the EP time is overstated")
     if costed and not read:
         notes.append(f"the config's {costed} MTP layer(s) are costed on the last stage; these settings run none")
     payload = {**header(spec), "from": source, "feasible": not over, "over_budget_stages": over, "best": record,

@@ -213,10 +213,6 @@ def check_arguments(args: dict, path: str) -> dict:
     elif whole:
         run["tp_comm_overlap"] = False
     dispatcher = _choice(args, "--moe-token-dispatcher-type", path, DISPATCHERS)
-    if dispatcher == "flex":
-        notes.append("--moe-token-dispatcher-type flex: costed as the alltoall dispatcher, every routed copy of a "
-                     "token sent to its expert's rank; DeepEP and HybridEP send a token once per node, so across "
-                     "nodes the EP time is overstated")
     if dispatcher is not None or whole:  # transformer_config.py: allgather unless given
         run["moe_dispatcher"] = dispatcher or "default"
     sharding(args, path, whole)

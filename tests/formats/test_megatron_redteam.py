@@ -363,3 +363,9 @@ def test_the_token_dispatcher_is_the_one_gpuknap_costs_or_is_named(capsys, tmp_p
     assert [n for n in notes if "flex" not in n] == alltoall.pop("notes") and flex == alltoall
     one = moe.replace("--expert-model-parallel-size 2", "--expert-model-parallel-size 1")
     scored(capsys, tmp_path, one, *run, spec=MIXTRAL)
+    # the note is about sending tokens to experts: a dense model, or one expert rank, sends none
+    for launch, spec in ((one.replace("--moe-grouped-gemm", "--moe-grouped-gemm --moe-token-dispatcher-type flex"),
+                          MIXTRAL), (BASE.replace("--use-distributed-optimizer", "--use-distributed-optimizer "
+                                                  "--moe-token-dispatcher-type flex") + "\n", None)):
+        got, _ = scored(capsys, tmp_path, launch, *run, **({"spec": spec} if spec else {}))
+        assert not any("flex" in n for n in got["notes"]), got["notes"]
