@@ -203,9 +203,10 @@ def dump(plan: FrameworkPlan) -> str:
         raise ValueError("plan: made without its model; megatron.dump scores settings on the model "
                          "(make it with framework.framework_plan)")
     run = plan.run
-    if run is not None and plan.chunks > 1 and run.micro_batches % plan.stages:
+    micro = run.micro_batches if run is not None else plan.model.micro_batches
+    if plan.chunks > 1 and micro % plan.stages:
         raise ValueError(f"micro_batches: Megatron's interleaved schedule runs a multiple of the pipeline size "
-                         f"({plan.stages}) micro-batches in groups of that size; {run.micro_batches} is not one")
+                         f"({plan.stages}) micro-batches in groups of that size; {micro} is not one")
     if run is not None and run.moe_without_sp:
         raise ValueError("sequence_parallel: Megatron's MoE layers refuse tensor parallelism without sequence "
                          "parallelism (MoELayer.forward raises when training so)")
@@ -219,7 +220,9 @@ def dump(plan: FrameworkPlan) -> str:
         lines.append(f"# runs on {run.gpus} GPUs: TP {run.tp} x CP {run.cp} x DP {run.dp} x PP {run.pp} (Megatron "
                      f"takes the data-parallel size from the world size: launch {run.gpus} processes)")
     else:
-        lines.append("# the profile was measured: keep the parallel sizes, batch and sequence it was measured with")
+        lines.append("# the profile was measured: keep the parallel sizes, micro-batch size and sequence it was "
+                     f"measured with, and run {micro} micro-batches an iteration as planned (--global-batch-size "
+                     f"{micro} x --micro-batch-size x the data-parallel size)")
     if run is not None and run.window and run.cp > 1:
         lines.append("# a sliding window with context parallelism: Transformer Engine takes it only over all_gather "
                      "or a2a exchanges (all_gather written); gpuknap costs the exchange as the p2p ring's bytes, "

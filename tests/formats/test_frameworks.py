@@ -2,6 +2,7 @@
 closest setting for plans a framework cannot run; the layout syntax as Megatron reads it."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -127,6 +128,25 @@ def test_sapp_slct_is_not_megatrons_core_attn():
         m = load_spec(DEMO).model
         fronts = {**m.fronts, "BODY": [LayerOption("SLCT", 1.0, 1.0, 2.0)]}
         restrict(PipelineModel(m.kinds, fronts, m.static, m.capacity, m.micro_batches), "megatron")
+
+
+def test_a_measured_profiles_megatron_block_states_the_micro_batches_planned():
+    """A SAPP-PPB profile carries no batch: the block cannot write --global-batch-size, so it says how
+    many micro-batches an iteration the plan held in flight for (the --micro-batches given), and an
+    interleaved plan whose count Megatron's schedule cannot run is refused as for a costed model."""
+    sapp = os.path.join(EXAMPLES, "sapp_ppb_demo.json")
+    for micro in (5, 16):
+        p = cli("best", sapp, "--capacity", "1TiB", "--stages", "4", "--micro-batches", str(micro), "--emit",
+                "megatron")
+        assert p.returncode == 0, p.stderr
+        assert f"run {micro} micro-batches an iteration" in p.stdout
+        assert f"--global-batch-size {micro} x --micro-batch-size" in p.stdout
+    spec = load_spec(sapp, capacity="1TiB", stages=4, micro_batches=8)
+    counts, _, _, names, _ = constrained_splits(spec.model, 4, "megatron", backend="numpy", interleave=2)[0]
+    assert "run 8 micro-batches" in emit("megatron", spec.model, counts, names=names, chunks=2)
+    six = dataclasses.replace(spec.model, micro_batches=6)  # planned with a micro-batch group, say
+    with pytest.raises(ValueError, match="micro_batches: Megatron's interleaved schedule runs a multiple"):
+        emit("megatron", six, counts, names=names, chunks=2)
 
 
 def test_interleaved_plans_round_trip(tmp_path):
