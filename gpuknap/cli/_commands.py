@@ -183,13 +183,12 @@ def cmd_best(args: argparse.Namespace) -> int:
         payload["settings"] = settings_of_best(spec, found, in_flight, chunks)
     if args.plot:
         counts = list(found[0][0])
+        names = spec.model.option_names(counts, found[0][2], in_flight, chunks)  # #1's plan, as reported
         try:
-            solved = schedule.of_split(spec.model, counts, spec.bucket, in_flight, chunks,
-                                       pipeline_send(spec.model, stages))
+            solved = schedule.of_plan(spec.model, counts, names, chunks, pipeline_send(spec.model, stages))
         except ValueError:  # too many operations to draw: the stage chart alone
             solved = None
-        comm = communication_shares(spec.model, counts, spec.model.option_names(counts, found[0][2], in_flight,
-                                                                                chunks), chunks)
+        comm = communication_shares(spec.model, counts, names, chunks)
         run = "" if records[0]["mfu"] is None else (f"; the run {records[0]['iteration_time_s']:.4g} s, "
                                                      f"MFU {100 * records[0]['mfu']:.1f}%, "
                                                      f"{records[0]['tflops_per_gpu']:.0f} TFLOP/s per GPU")

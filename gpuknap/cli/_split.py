@@ -103,11 +103,10 @@ def cmd_timeline(args: argparse.Namespace) -> int:
     schedule_size(args, spec, len(counts) // chunks, chunks, schedule.MAX_TIMELINE_OPS)
     costs = spec.model.costs
     p2p = args.p2p if args.p2p is not None else (costs.p2p if costs is not None else 0.0)
-    solved = schedule.of_split(spec.model, counts, spec.bucket, spec.in_flight, chunks, p2p)
-    if solved is None:
-        return _unfit(args, spec, counts, chunks)
-    t, times, closed = solved
     names = spec.model.plan(counts, spec.bucket, spec.in_flight if chunks == spec.chunks else None, chunks)
+    if names is None:
+        return _unfit(args, spec, counts, chunks)
+    t, times, closed = schedule.of_plan(spec.model, counts, names, chunks, p2p)
     if args.plot:
         plot_timeline(t, times, args.plot, f"{spec.name}: split {counts}", spec.model.costs is not None,
                       communication_shares(spec.model, counts, names, chunks))

@@ -15,6 +15,7 @@ from ._timeline import (
                         MAX_TIMELINE_OPS,
                         ChunkTimes,
                         chunk_times,
+                        of_plan,
                         of_split,
                         record,
                         simulated_plans, simulated_times,
@@ -26,5 +27,5 @@ from ._timeline import (
 __all__ = [
     "SCHEDULES", "OpSequence", "Waves", "check_ops", "check_schedule", "levels", "order", "schedule_table", "sequence",
     "MAX_OPS", "Op", "Timeline", "bound_iteration_times", "in_flight_table", "iteration_times", "simulate",
-    "MAX_TIMELINE_OPS", "ChunkTimes", "chunk_times", "of_split", "record", "simulated_plans", "simulated_times", "stage_forward_backward", "summary", "timeline_of",
+    "MAX_TIMELINE_OPS", "ChunkTimes", "chunk_times", "of_plan", "of_split", "record", "simulated_plans", "simulated_times", "stage_forward_backward", "summary", "timeline_of",
 ]

@@ -84,8 +84,12 @@ def of_split(model: Any, counts: Sequence[int], bucket: float, in_flight: Any = 
     if in_flight is not None and (len(in_flight) != p or len(in_flight[0]) != chunks):
         in_flight = None
     names = model.plan(counts, bucket, in_flight, chunks)
-    if names is None:
-        return None
+    return None if names is None else of_plan(model, counts, names, chunks, p2p)
+
+
+def of_plan(model: Any, counts: Sequence[int], names: Sequence[str], chunks: int = 1,
+            p2p: float = 0.0) -> tuple:
+    """:func:`of_split` of a split whose layers run ``names`` (every layer's option, model order)."""
     t, times = timeline_of(model, counts, names, chunks, p2p)
     closed = None
     if chunks == 1:
