@@ -14,7 +14,7 @@ from .. import formats, schedule
 from .._version import __version__
 from ..costs import pipeline_send
 from ..engine import WorkTooLarge, counting, get_backend, max_cells, pp_lite, work_limit
-from ..formats import Spec, load_spec
+from ..formats import Spec, load_spec, pipeline_shape
 from ..formats.splitfiles import distinct_rows, read_splits, write_scores
 from ..search import one_body_kind
 from ..search import best_splits, coverage, even_candidate
@@ -224,22 +224,10 @@ def cmd_rank(args: argparse.Namespace) -> int:
         if args.out or args.plot:
             raise BadInput(f"{'--out' if args.out else '--plot'}: applies to --splits, not --from")
         return _rank_settings(args)
-    spec = _spec(args, args.spec)
     sf = read_splits(args.splits)
     splits = sf.counts
     width = splits.shape[1]
-    if spec.stages is None:
-        spec = _restaged(args, spec, width, spec.chunks)
-    elif width != spec.stages * spec.chunks and not width % spec.chunks:
-        # the spec's pipeline.stages gives way to the splits, as to timeline's --counts; not a
-        # pipeline.in_flight table written for its own stage count (refused below)
-        args.stages = width // spec.chunks
-        try:
-            spec = _spec(args, args.spec, note_dp=False)
-        except ValueError as exc:  # the model for the splits' stage count is not one this spec builds
-            need = f"{spec.stages} stages" + (f" x {spec.chunks} chunks" if spec.chunks > 1 else "")
-            raise BadInput(f"{sf.where(0)} has {width} counts; the spec's pipeline needs {spec.stages * spec.chunks} "
-                           f"({need}), and rebuilt for {plural(width // spec.chunks, 'stage')} it fails: {exc}") from None
+    spec = _spec_for_counts(args, width, None, sf.where(0))  # the splits' stage count, as timeline's --counts
     if spec.stages is not None and width != spec.stages * spec.chunks:
         need = f"{spec.stages} stages" + (f" x {spec.chunks} chunks" if spec.chunks > 1 else "")
         raise BadInput(f"{sf.where(0)} has {width} counts; the spec's pipeline needs {spec.stages * spec.chunks} "
@@ -309,19 +297,25 @@ def _rank_settings(args: argparse.Namespace) -> int:
                          lambda spec: _header("rank", spec, "numpy"))
 
 
-def _restaged(args: argparse.Namespace, spec: Spec, width: int, chunks: int) -> Spec:
-    """The spec rebuilt for the stage count ``width`` counts give, when a cost model depends on it
-    (a tied embedding's second copy, the MTP embedding, the sends) and it was built for another
-    (none given, or the file's ``pipeline.stages``; ``--stages`` must agree with the counts)."""
-    if spec.model.costs is None or width % chunks or spec.stages == width // chunks:
-        return spec
-    args.stages = width // chunks
-    return _spec(args, args.spec, note_dp=False)
-
-
-def _stages_match(args: argparse.Namespace, counts: list, chunks: int) -> None:
-    """``--stages`` next to ``--counts`` must agree with it (else one of them would be ignored);
-    the spec's ``pipeline.stages`` gives way to the counts (:func:`_restaged`)."""
-    if getattr(args, "stages", None) is not None and len(counts) != args.stages * chunks:
-        raise BadInput(f"--stages {args.stages} contradicts --counts, which gives {len(counts)} counts"
+def _spec_for_counts(args: argparse.Namespace, width: int, interleave: int | None, where: str) -> Spec:
+    """The spec for splits of ``width`` counts (``where`` names them): without ``--stages``, built
+    for the stage count they give, so the file's ``pipeline.stages`` gives way (a cost model depends
+    on it: a tied embedding's second copy, the MTP embedding, the sends) and ``--micro-batches`` is
+    checked against the counts' stages; ``--stages`` must agree with the counts."""
+    stages, chunks = pipeline_shape(args.spec or default_example())
+    chunks = interleave or chunks
+    given = getattr(args, "stages", None)
+    if given is not None and width != given * chunks:
+        raise BadInput(f"--stages {given} contradicts {where}, which gives {width} counts"
                        + (f" ({chunks} chunks per stage)" if chunks > 1 else "") + "; give one of them")
+    if given is not None or width % chunks or stages == width // chunks:
+        return _spec(args, args.spec)
+    args.stages = width // chunks
+    try:
+        return _spec(args, args.spec)
+    except ValueError as exc:  # the model for the counts' stage count is not one this spec builds
+        if stages is None:
+            raise
+        need = f"{stages} stages" + (f" x {chunks} chunks" if chunks > 1 else "")
+        raise BadInput(f"{where} has {width} counts; the spec's pipeline needs {stages * chunks} ({need}), and "
+                       f"rebuilt for {plural(width // chunks, 'stage')} it fails: {exc}") from None

@@ -9,8 +9,8 @@ import numpy as np
 from .. import schedule
 from ..engine import FrontTable, get_backend, least_times
 from ..search import best_splits, even_counts
-from ._commands import (EXIT_INFEASIBLE, BadInput, _emit, _header, _max_bytes, _restaged, _spec, _stages,
-                        _stages_match, schedule_size)
+from ._commands import (EXIT_INFEASIBLE, BadInput, _emit, _header, _max_bytes, _spec, _spec_for_counts, _stages,
+                        schedule_size)
 from ._flags import EXIT_OK, counts_list, plural
 from ._gantt import communication_shares
 from ._plots import plot_curve, plot_timeline
@@ -18,12 +18,10 @@ from ._report import run_record, run_summary
 
 
 def cmd_curve(args: argparse.Namespace) -> int:
-    spec = _spec(args, args.spec)
+    counts = counts_list(args.counts) if args.counts is not None else None
+    spec = _spec(args, args.spec) if counts is None else _spec_for_counts(args, len(counts), None, "--counts")
     backend = get_backend(args.backend)
-    if args.counts is not None:
-        counts = counts_list(args.counts)
-        _stages_match(args, counts, spec.chunks)
-        spec = _restaged(args, spec, len(counts), spec.chunks)
+    if counts is not None:
         try:
             spec.model.check_counts(counts, spec.chunks)
         except ValueError as exc:
@@ -75,18 +73,16 @@ def cmd_curve(args: argparse.Namespace) -> int:
 
 
 def cmd_timeline(args: argparse.Namespace) -> int:
-    spec = _spec(args, args.spec)
+    counts = counts_list(args.counts) if args.counts is not None else None
+    spec = _spec(args, args.spec) if counts is None else _spec_for_counts(args, len(counts), args.interleave,
+                                                                          "--counts")
     chunks = args.interleave or spec.chunks
-    if args.counts is not None:
-        counts = counts_list(args.counts)
-        _stages_match(args, counts, chunks)
-        spec = _restaged(args, spec, len(counts), chunks)
-    elif args.recompute:  # a run as it was run: Megatron's even split
+    if counts is None and args.recompute:  # a run as it was run: Megatron's even split
         try:
             counts = even_counts(spec.model, _stages(args, spec) * chunks)
         except ValueError as exc:
             raise BadInput(f"--{exc}") from None
-    else:
+    elif counts is None:
         schedule_size(args, spec, _stages(args, spec), chunks, schedule.MAX_TIMELINE_OPS)
         found = best_splits(spec.model, _stages(args, spec), 1, "1f1b", spec.bucket, get_backend(args.backend),
                             spec.in_flight if chunks == spec.chunks else None, _max_bytes(args), interleave=chunks)

@@ -20,7 +20,7 @@ from ._documents import MAX_FILE_BYTES, check_keys, read_document, read_text, su
 from ._settings import looks_like_arguments, parse_document, settings_text
 from ._fields import Spec
 from ._units import parse_quantity
-from .spec import config_from, load_spec
+from .spec import config_from, load_spec, pipeline_shape
 
 #: Training frameworks whose settings ``gpuknap best --emit`` writes and ``gpuknap rank --from`` reads.
 EMITTERS = {"mindformers": mindformers, "megatron": megatron}
@@ -136,6 +136,6 @@ def read_settings(path: str | os.PathLike) -> Any:
 
 __all__ = [
     "framework", "hf", "megatron", "mindformers", "sapp_ppb", "splitfiles", "MAX_FILE_BYTES", "check_keys",
-    "read_document", "read_text", "suggest", "Spec", "parse_quantity", "config_from", "load_spec",
+    "read_document", "read_text", "suggest", "Spec", "parse_quantity", "config_from", "load_spec", "pipeline_shape",
     "EMITTERS", "EXCLUSIVE", "RUNS", "restrict", "emit", "is_config", "mtp_layers", "window_tokens", "analytic", "read_settings",
 ]

@@ -222,6 +222,23 @@ def load_spec(path: str | os.PathLike, *, capacity: Any = None, micro_batches: i
     return Spec(model, stages, chunks, in_flight, bucket, path, name, bucket_field=field)
 
 
+def pipeline_shape(path: str | os.PathLike) -> tuple[int | None, int]:
+    """A spec file's own ``(pipeline.stages or None, pipeline.interleave or 1)``, read before the
+    spec is built (a command given counts builds it for their stage count); a file that is not a
+    spec, or a value that is not one, gives the defaults and is left for :func:`load_spec` to name."""
+    try:
+        data = read_document(os.fspath(path))
+    except (ValueError, TypeError):
+        return None, 1
+    pipeline = data.get("pipeline") if isinstance(data, dict) else None
+    pipeline = pipeline if isinstance(pipeline, dict) else {}
+
+    def whole(value: Any) -> int | None:
+        return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
+
+    return whole(pipeline.get("stages")), min(whole(pipeline.get("interleave", 1)) or 1, 64)
+
+
 def config_from(data: Mapping[str, Any], where: str = "transformer") -> TransformerConfig:
     """A config from a preset name and/or explicit fields (``{"preset": ..., "seq": ...}``)."""
     if not isinstance(data, Mapping):

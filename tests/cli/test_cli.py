@@ -284,6 +284,33 @@ def test_timeline_counts_other_than_the_spec_stages_are_costed_for_their_own(cap
     assert all(st["p2p"] > 0 for st in outs[0]["stage_breakdown"])
 
 
+def test_micro_batches_suit_the_counts_stages_not_the_specs(capsys, tmp_path):
+    """An interleaved spec of 12 stages x 2 chunks given counts of 5 x 2: --micro-batches is checked
+    against the 5 stages the counts give (100 runs, as the refusal of the spec's own 96 advises), and
+    timeline, curve and rank --splits all score the split exactly as a spec saying 5 stages does."""
+    import yaml
+
+    from gpuknap.cli import main
+
+    spec = yaml.safe_load(open(os.path.join(EXAMPLES, "gpt3_175b.yaml")))
+    twelve, five = tmp_path / "twelve.yaml", tmp_path / "five.yaml"
+    twelve.write_text(yaml.safe_dump({**spec, "pipeline": {**spec["pipeline"], "interleave": 2}}))
+    five.write_text(yaml.safe_dump({**spec, "pipeline": {**spec["pipeline"], "interleave": 2, "stages": 5}}))
+    counts = "1,11,11,11,11,11,11,11,11,9"
+    (tmp_path / "s.csv").write_text(counts + "\n")
+    assert main(["rank", str(twelve), "--splits", str(tmp_path / "s.csv"), "--quiet"]) == 2
+    assert "95 or 100 would do" in capsys.readouterr().err
+    for command in (["timeline", "--counts", counts], ["curve", "--counts", counts, "--stage", "3"],
+                    ["rank", "--splits", str(tmp_path / "s.csv")]):
+        outs = []
+        for path in (twelve, five):
+            assert main([command[0], str(path), *command[1:], "--micro-batches", "100", "--quiet", "--json"]) == 0
+            outs.append(json.loads(capsys.readouterr().out))
+        for out in outs:
+            out.pop("source")
+        assert outs[0] == outs[1]
+
+
 @pytest.mark.parametrize("v", [2, 16])
 def test_best_and_the_sweep_agree_on_the_even_split(capsys, v):
     """best --interleave takes Megatron's even split as faster exactly when the sweep ranks it
