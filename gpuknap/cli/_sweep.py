@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 from typing import Any
 
@@ -82,6 +83,43 @@ def _closest(rows: list) -> str:
             f"{r['layers']:,} layers even with the lightest options")
 
 
+#: Configuration keys -> the flag of ``gpuknap best`` that sets them.
+_BEST_FLAGS = {"stages": "--stages", "tensor_parallel": "--tp", "context_parallel": "--cp", "expert_parallel": "--ep",
+               "expert_tensor_parallel": "--etp", "micro_batch_size": "--micro-batch-size",
+               "micro_batches": "--micro-batches", "data_parallel": "--dp", "interleave": "--interleave",
+               "device": "--device"}
+
+
+def _bytes(value: float) -> str:
+    return f"{int(value)}B" if float(value).is_integer() else f"{value!r}B"
+
+
+def best_command(args: argparse.Namespace, config: dict) -> list[str]:
+    """The ``gpuknap best`` arguments that plan one configuration of the sweep as its row does
+    (same model, device, batch and score: the row's split, and with ``--emit`` its settings)."""
+    out = ["gpuknap", "best", args.spec]
+    if args.seq is not None:
+        out += ["--seq", str(args.seq)]
+    for key, flag in _BEST_FLAGS.items():
+        value = config.get(key)
+        if value is not None and not (key == "interleave" and value == 1):
+            out += [flag, str(value)]
+    if config.get("device") is None and args.device is not None:
+        out += ["--device", args.device]
+    for flag, value in (("--capacity", args.capacity), ("--reserved", args.reserved), ("--bucket", args.bucket)):
+        if value is not None:
+            out += [flag, _bytes(value)]
+    if args.gpus_per_node is not None:
+        out += ["--gpus-per-node", str(args.gpus_per_node)]
+    if args.efficiency is not None:
+        out += ["--efficiency", repr(args.efficiency)]
+    for key, value in args.device_field or ():
+        out += ["--device-field", f"{key}={_bytes(value) if key == 'memory' else repr(value)}"]
+    if args.tp_comm_overlap:
+        out.append("--tp-comm-overlap")
+    return out + ["--score", args.score]
+
+
 def table(result: Any, limit: int = 30) -> str:
     """The human table: configurations by throughput (ties by the documented rule), what each
     row is made of, then how many were searched, pruned and skipped."""
@@ -151,6 +189,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.plot:
         title = f"{os.path.basename(args.spec)}: {args.gpus} GPUs, global batch {args.global_batch}"
         plot_sweep(result.rows, args.plot, title, result.skipped, top)
+    for row in result.rows:
+        row["command"] = best_command(args, row["config"])
     if args.json:
         payload = {"gpuknap_json": JSON_VERSION, "version": __version__, "command": "sweep", "source": args.spec,
                    "gpus": args.gpus, "global_batch": args.global_batch, "score": args.score, "top": top,
@@ -160,6 +200,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         print(table(result))
+        if feasible:
+            even = " (Megatron's even split, in its note)" if result.rows[0].get("even_split") else ""
+            print(f"row 1's plan{even}, and with --emit megatron or --emit mindformers its settings: "
+                  + " ".join(shlex.quote(w) for w in result.rows[0]["command"]))
     if not result.rows:  # every configuration of the grid was refused: bad input, not an infeasible model
         reasons = "; ".join(sorted({s["reason"] for s in result.skipped}))
         raise ValueError(f"no configuration of the grid is valid: {reasons}"[:600])

@@ -211,7 +211,7 @@ def dump(plan: FrameworkPlan) -> str:
         raise ValueError("sequence_parallel: Megatron's MoE layers refuse tensor parallelism without sequence "
                          "parallelism (MoELayer.forward raises when training so)")
     chosen, ev = _closest(plan)
-    lines = [f"# gpuknap plan for {plan.name}: {plan.stages} pipeline stages"
+    lines = [f"# gpuknap plan for {plan.name}: {plan.stages} pipeline stage{'' if plan.stages == 1 else 's'}"
              + (f" x {plan.chunks} virtual stages" if plan.chunks > 1 else "")
              + f", {plan.decoder_layers} decoder layers" + (f" + {plan.mtp} MTP" if plan.mtp else "")
              + (f", score {plan.score:.6g}" if plan.score is not None else "")]

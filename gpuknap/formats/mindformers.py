@@ -102,7 +102,7 @@ def dump(plan: FrameworkPlan) -> str:
     def show(values: tuple) -> str:
         return json.dumps(_lists(values, p, v))
 
-    lines = [f"# gpuknap plan for {plan.name}: {p} pipeline stages" + (f" x {v} chunks" if v > 1 else "")
+    lines = [f"# gpuknap plan for {plan.name}: {p} pipeline stage{'' if p == 1 else 's'}" + (f" x {v} chunks" if v > 1 else "")
              + f", {st.num_layers} decoder layers" + (f" + {st.mtp} MTP" if st.mtp else "")
              + (f", score {plan.score:.6g}" if plan.score is not None else "")]
     lines += [f"# {note}" for note in plan.notes]

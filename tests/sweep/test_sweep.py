@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 
@@ -16,6 +17,7 @@ from gpuknap.costs import estimate
 from gpuknap.sweep import builder_of, expand
 
 LLAMA = os.path.join(EXAMPLES, "llama2_70b.json")
+MIXTRAL_SMALL = os.path.join(EXAMPLES, "mixtral_small_config.json")
 DEEPSEEK = os.path.join(EXAMPLES, "deepseek_v3_small_config.json")
 MIB = 2**20
 
@@ -162,11 +164,50 @@ def test_cli_json_plot_and_table(tmp_path):
     out = json.loads(p.stdout)
     api = sweep(LLAMA, {"stages": [2, 4], "tensor_parallel": [4, 8], "micro_batch_size": [1, 2]}, gpus=32,
                 global_batch=64, backend="numpy", bucket=16 * MIB)
-    assert out["rows"] == json.loads(json.dumps(api.rows)) and out["best"] == out["rows"][0]
+    assert out["best"] == out["rows"][0]
+    assert all(row.pop("command")[:3] == ["gpuknap", "best", LLAMA] for row in out["rows"])  # the CLI's own
+    assert out["rows"] == json.loads(json.dumps(api.rows))
     assert png.stat().st_size > 10_000
     run = cli(*args)
     assert "tokens/s" in run.stdout and "P=" in run.stdout and "MFU" in run.stdout and "pruned by bound" in run.stdout
     assert run.stderr == ""  # communication is modelled now: no note that it is not
+
+
+@pytest.mark.parametrize("source, args", [
+    (MIXTRAL_SMALL, ["--gpus", "16", "--global-batch", "64", "--seq", "1024", "--stages", "1,2,4", "--tp", "1,2",
+                     "--ep", "1,2,4", "--etp", "1,2", "--device", "h100,a100-80gb", "--reserved", "3GiB",
+                     "--bucket", "2MiB", "--gpus-per-node", "4", "--device-field", "inter_bandwidth=20e9"]),
+    (LLAMA, ["--gpus", "32", "--global-batch", "64", "--stages", "2,4", "--tp", "4,8", "--interleave", "1,2",
+             "--micro-batch-size", "1,2", "--capacity", "60GiB", "--efficiency", "0.6", "--tp-comm-overlap"]),
+])
+def test_each_rows_command_plans_that_row(capsys, source, args):
+    """Every row carries the ``gpuknap best`` arguments of its configuration (device, batch,
+    overrides and score as the sweep had them); run, they give the row's split and run time, and the
+    table ends with row 1's, the way to its framework settings (``--emit``).  A row that is
+    Megatron's even split (interleaved) is best's note on the even split, the plan --emit writes."""
+    from gpuknap.cli import main
+
+    assert main(["sweep", source, *args, "--top", "4", "--quiet", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert sum(r["feasible"] for r in rows) >= 3
+    for row in rows[:4]:
+        command = row["command"]
+        assert command[:2] == ["gpuknap", "best"]
+        code = main([*command[1:], "--quiet", "--json"])
+        got = json.loads(capsys.readouterr().out)
+        if not row["feasible"]:
+            assert code == 1 and got["results"] == []
+            continue
+        planned = got["even_split"] if row.get("even_split") else got["results"][0]  # best's note, --emit's plan
+        assert code == 0 and planned["counts"] == row["counts"]
+        assert planned["iteration_time_s"] == pytest.approx(row["iteration_time_s"], rel=1e-12)
+    assert main([*rows[0]["command"][1:], "--emit", "megatron", "--quiet", "--json"]) == 0
+    emitted = json.loads(capsys.readouterr().out)
+    # the row's split, unless Megatron cannot run its plan as written (the cost is then stated)
+    assert emitted["results"][0]["counts"] == rows[0]["counts"] or "costs +0 " not in emitted["settings"]["text"]
+    assert main(["sweep", source, *args, "--top", "2", "--quiet"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.endswith(" ".join(shlex.quote(w) for w in rows[0]["command"])) and "--emit megatron" in last
 
 
 @pytest.mark.parametrize("args, words", [
