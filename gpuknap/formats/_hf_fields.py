@@ -85,6 +85,24 @@ OPTIONAL = {
     "qwen3_moe": {"decoder_sparse_step": 1},
 }
 
+#: Per family, fields some published configs carry that only state what the family builds anyway
+#: (Qwen3-Coder-480B's config.json: no QKV bias, no shared expert, a per-head QK norm); read when
+#: they say exactly that, refused when they ask for something the family's modeling code lacks.
+STATED = {"qwen3_moe": {"qkv_bias": False, "shared_expert_intermediate_size": 0, "use_qk_norm": True}}
+
+
+def _stated(data: Mapping, kind: str, key: str, where: str) -> bool:
+    """Whether ``key`` is one of :data:`STATED`'s for the family (refused if it says otherwise)."""
+    built = STATED.get(kind, {})
+    if key not in built:
+        return False
+    value, want = data[key], built[key]
+    if type(value) is not type(want) or value != want:
+        raise ValueError(f"{where}: {key}: {short(value)}, but model_type {kind!r} always builds {key}="
+                         f"{want!r} (transformers' modeling code has no switch for it); gpuknap reads it only as "
+                         f"{want!r}")
+    return True
+
 
 def check_fields(data: Mapping, where: str) -> str:
     """The config's family, after checking that every field is one the family carries (a typo is
@@ -108,12 +126,18 @@ def check_fields(data: Mapping, where: str) -> str:
         raise ValueError(f"{where}: architectures: {arch[0]!r} contradicts model_type {kind!r} "
                          f"(which is {FAMILIES[kind][0]!r})")
     known = COMMON | set(FAMILIES[kind][1].split())
+    unknown = []
     for key in data:
         if not isinstance(key, str):
             raise ValueError(f"{where}: field names must be strings, got {key!r}")
-        if key.startswith("_") or key in known:
+        if key.startswith("_") or key in known or _stated(data, kind, key, where):
             continue
         other = [f for f, (_, fields) in FAMILIES.items() if key in fields.split()]
-        hint = (suggest(key, known) if len(key) <= 100 else "") or (f" (a field of {', '.join(other)} configs)" if other else "")
-        raise ValueError(f"{where}: unknown field {short(key)} for model_type {kind!r}{hint}")
+        hint = (f" (a field of {', '.join(other)} configs)" if other else
+                suggest(key, known) if len(key) <= 100 else "")
+        unknown.append(f"{short(key)}{hint}")
+    if unknown:  # every one at once: a config is not fixed one run per field
+        fields = f"field {unknown[0]}" if len(unknown) == 1 else f"fields {', '.join(unknown[:8])}"
+        more = f" and {len(unknown) - 8} more" if len(unknown) > 8 else ""
+        raise ValueError(f"{where}: unknown {fields}{more} for model_type {kind!r}")
     return kind

@@ -286,7 +286,7 @@ def sliding_window(data: Mapping, kind: str, layers: int, where: str) -> tuple[i
 #: Per MoE family: the config's fields of the expert count, the expert width and the shared width.
 EXPERT_FIELDS = {"mixtral": ("num_local_experts", "intermediate_size", ""),
                  "qwen2_moe": ("num_experts", "moe_intermediate_size", "shared_expert_intermediate_size"),
-                 "qwen3_moe": ("num_experts", "moe_intermediate_size", "shared_expert_intermediate_size"),
+                 "qwen3_moe": ("num_experts", "moe_intermediate_size", ""),
                  "deepseek_v2": ("n_routed_experts", "moe_intermediate_size", "n_shared_experts"),
                  "deepseek_v3": ("n_routed_experts", "moe_intermediate_size", "n_shared_experts")}
 

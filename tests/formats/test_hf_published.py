@@ -106,3 +106,37 @@ def test_refusals_say_what_to_do(tmp_path):
                        text=True)
     assert p.returncode == 2 and "not a Hugging Face config (no 'model_type'" in p.stderr
     assert len(p.stderr.strip().splitlines()) == 1
+
+
+#: Qwen3-Coder-480B-A35B-Instruct's published config.json, its sizing fields and the three that
+#: only state what Qwen3-MoE builds (no QKV bias, no shared expert, a per-head QK norm).
+QWEN3_CODER = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "decoder_sparse_step": 1,
+               "head_dim": 128, "hidden_size": 6144, "intermediate_size": 8192, "max_window_layers": 62,
+               "mlp_only_layers": [], "moe_intermediate_size": 2560, "norm_topk_prob": True,
+               "num_attention_heads": 96, "num_experts": 160, "num_experts_per_tok": 8, "num_hidden_layers": 62,
+               "num_key_value_heads": 8, "qkv_bias": False, "shared_expert_intermediate_size": 0,
+               "sliding_window": None, "tie_word_embeddings": False, "use_qk_norm": True,
+               "use_sliding_window": False, "vocab_size": 151936}
+
+
+def test_fields_that_state_what_qwen3_moe_builds_are_read_and_contrary_ones_refused():
+    h, a, g, d, e, f, layers, v = 6144, 96, 8, 128, 160, 2560, 62, 151936
+    layer = 2 * h * a * d + 2 * h * g * d + 2 * d + e * 3 * h * f + h * e + 2 * h  # Q, O; K, V; QK norms; experts; router
+    assert params(QWEN3_CODER) == layers * layer + 2 * v * h + h == pytest.approx(480.155e9, rel=1e-5)
+    bare = without(QWEN3_CODER, "qkv_bias", "shared_expert_intermediate_size", "use_qk_norm")
+    assert params(bare) == params(QWEN3_CODER)
+    for key, value in (("qkv_bias", True), ("shared_expert_intermediate_size", 2560), ("use_qk_norm", False),
+                       ("qkv_bias", 0), ("shared_expert_intermediate_size", False)):
+        with pytest.raises(ValueError, match=f"{key}: .* always builds {key}="):
+            params(dict(QWEN3_CODER, **{key: value}))
+
+
+def test_every_unknown_field_is_named_at_once():
+    """A config with several fields a family lacks names them all in one line (fixed in one
+    edit, not one run per field); another family's field says so rather than guessing a typo."""
+    data = dict(QWEN25_7B, mystery=1, qkv_bias=False, num_experts=8)
+    with pytest.raises(ValueError) as info:
+        params(data)
+    message = str(info.value)
+    assert "unknown fields 'mystery', 'qkv_bias' (a field of qwen2_moe configs), 'num_experts' (a field of" in message
+    assert "\n" not in message
