@@ -39,6 +39,7 @@ cut the command there and pipe it into the rest.
 """
 from __future__ import annotations
 
+import bisect
 import re
 import shlex
 
@@ -122,19 +123,24 @@ def _heredoc(text: str) -> tuple[str, bool] | None:
     return None
 
 
+#: What shlex skips between words.
+_BLANKS = re.compile(r"[ \t\r\n]*")
+
+
 def _split_at(joined: str, starts: list[tuple[int, int]]) -> tuple[list[str], list[int]]:
     """``shlex.split`` of a command's text, with the line each word starts on (``starts``: the
     offset in the text where each of its physical lines begins, with that line's number)."""
     lex = shlex.shlex(joined, posix=True)
     lex.whitespace_split, lex.commenters = True, ""
+    offsets = [offset for offset, _ in starts]
     split, at, end = [], [], 0
     while True:
         word = lex.get_token()
         if word is None:
             return split, at
-        begin = len(joined) - len(joined[end:].lstrip())  # the word's first character
+        begin = _BLANKS.match(joined, end).end()  # the word's first character
         split.append(word)
-        at.append(max(number for offset, number in starts if offset <= begin))
+        at.append(starts[bisect.bisect_right(offsets, begin) - 1][1])
         end = lex.instream.tell()
 
 
