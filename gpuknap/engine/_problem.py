@@ -9,6 +9,7 @@ whether the all-fastest choice fits, nor the bytes a choice reports.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
@@ -75,11 +76,47 @@ def fronts_of(problem: StageProblem, table: FrontTable) -> list[Front]:
 
 
 def sequential_time(times: Sequence[float], counts: Sequence[int]) -> float:
-    """``times[i]`` added ``counts[i]`` times, left to right, as the DP adds them."""
+    """``times[i]`` added ``counts[i]`` times, left to right, as the DP adds them
+    (each addition rounded), in a number of steps that does not grow with the counts."""
     total = 0.0
     for t, n in zip(times, counts):
-        for _ in range(n):
-            total += t
+        total = _added(total, float(t), int(n))
+    return total
+
+
+_NORMAL = 2.0 ** -1022  # below it the floats are evenly spaced by the least ulp
+
+
+def _added(total: float, t: float, n: int) -> float:
+    """``total`` after ``n`` rounded additions of ``t >= 0``.
+
+    While sums stay below the next power of two, floats are multiples of one
+    ulp and every addition adds ``t`` rounded to a whole number of ulps; that
+    number is fixed except on a tie, where round-half-even makes every result
+    even after the first, so from then on it is fixed too.  Once two steps in a
+    row added the same number of ulps, the steps up to the power of two are
+    taken at once (exact integer arithmetic in ulps); the steps that cross it
+    are taken one by one.  A sum that stops growing stays where it is."""
+    last = None  # ulps added by the last step, when it stayed below its power of two
+    while n:
+        ulp = math.ulp(total)
+        top = ulp * 2.0 ** 53 if total >= _NORMAL else _NORMAL
+        after = total + t
+        n -= 1
+        if after == total:
+            return total
+        if after < top:
+            step = (after - total) / ulp
+            if step == last and n:
+                base, ulps = int(after / ulp), int(step)
+                jump = min(n, (int(top / ulp) - 1 - base) // ulps)
+                after = (base + jump * ulps) * ulp
+                n -= jump
+                step = None
+            last = step
+        else:
+            last = None
+        total = after
     return total
 
 

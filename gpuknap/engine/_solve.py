@@ -17,7 +17,7 @@ from ._batch import Chunk, Knapsack, build_chunk, plan_chunks
 from ._options import FrontTable, check_int
 from ._passes import MAX_TABLE_WIDTH
 from ._problem import FASTEST, KNAPSACK, StageProblem, verdict
-from ._work import check_work, report
+from ._work import LEVEL_CELLS, check_work, max_cells, report
 
 
 def _upload(backend: Backend, chunk: Chunk) -> list[tuple]:
@@ -83,10 +83,14 @@ def solve_knapsacks(problems: Sequence[Knapsack], table: FrontTable, backend: Ba
     limit = backend.default_max_bytes() if max_bytes is None else check_max_bytes(max_bytes)
     if backend.is_gpu and max_bytes is not None:  # never more than the device has free
         limit = min(limit, backend.default_max_bytes())
+    what = f"solving {len(problems):,} stage problem" + ("s" if len(problems) > 1 else "")
+    deepest = max(sum(n for _, n in p.runs) for p in problems)  # levels of its chain: too many are refused
+    if deepest * LEVEL_CELLS > max_cells():                     # before the plan, which is built per level
+        check_work(0, table.bucket, what, passes=deepest)
     chunks = [build_chunk(entries, table)
               for entries in plan_chunks(problems, limit, table.bucket, backend.chunk_bytes(limit))]
     total = sum(chunk.cells for chunk in chunks)
-    check_work(total, table.bucket, f"solving {len(problems):,} stage problems")
+    check_work(total, table.bucket, what, passes=sum(len(chunk.levels) for chunk in chunks))
     widest = max(chunk.root_width for chunk in chunks)
     if backend.uses_tables and widest > MAX_TABLE_WIDTH:
         raise ValueError(f"a stage of {widest:,} buckets is wider than the {backend.name} pass's 32-bit option "

@@ -27,7 +27,7 @@ from ._problem import (
     zeros_row,
 )
 from ._results import Assignment, PipelineChoice, Stage, StageChoice
-from ._work import bucket_factor, check_work, format_bytes, max_cells
+from ._work import STEP_CELLS, bucket_factor, check_work, format_bytes, max_cells
 
 Fronts = Mapping[Hashable, Sequence[Any]]
 
@@ -58,17 +58,17 @@ def _segment(front: Front) -> list[Segment]:
     return [Segment(0, 1, front.weights, front.times)]
 
 
-def _guard(nbytes: int, cells: int, bucket: float, what: str, width: int) -> None:
+def _guard(nbytes: int, cells: int, bucket: float, what: str, width: int, passes: int) -> None:
     """Refuse, before allocating anything, a solve whose arrays need over
-    SINGLE_STAGE_LIMIT bytes or whose passes cover more DP cells than the work limit (both
-    grow with the rows' ``width``), suggesting a bucket that passes both."""
+    SINGLE_STAGE_LIMIT bytes or whose ``passes`` over ``cells`` DP cells are more work than the
+    limit (bytes and cells grow with the rows' ``width``), suggesting a bucket that passes both."""
     limit = table_limit()
-    over = max(nbytes / limit, cells / max_cells())
+    over = max(nbytes / limit, cells / max(max_cells() - passes * STEP_CELLS, 1))
     if over <= 1:
-        check_work(cells, bucket, what)  # passes (and is counted)
+        check_work(cells, bucket, what, passes=passes, pass_cells=STEP_CELLS)  # passes (and is counted)
         return
     factor = bucket_factor(over, width)
-    check_work(cells, bucket, what, factor)
+    check_work(cells, bucket, what, factor, passes, STEP_CELLS)
     if nbytes > limit:
         raise ValueError(f"{what} needs {format_bytes(nbytes)} of DP tables (over {format_bytes(limit)}); "
                          f"use a bucket of at least {format_bytes(bucket * factor)}"
@@ -121,13 +121,13 @@ def _stride(steps: int, width: int, n_options: int, bucket: float) -> tuple[int,
         return (-(-steps // stride) + 3) * 8 * width + stride * cell * width
 
     if (steps + 1) * 8 * width <= table_limit():  # every row kept: no choices recorded
-        _guard(0, steps * width, bucket, "this stage", width)
+        _guard(0, steps * width, bucket, "this stage", width, steps)
         return 0, dtype
     if need(max(steps, 1)) <= table_limit():
-        _guard(0, steps * width, bucket, "this stage", width)
+        _guard(0, steps * width, bucket, "this stage", width, steps)
         return max(steps, 1), dtype
-    stride = min(range(1, max(steps, 1) + 1), key=need)
-    _guard(need(stride), 2 * steps * width, bucket, "this stage", width)
+    stride = min(range(1, min(max(steps, 1), 2**16) + 1), key=need)  # best near sqrt(8 x layers)
+    _guard(need(stride), 2 * steps * width, bucket, "this stage", width, 2 * steps)
     return stride, dtype
 
 
@@ -142,9 +142,9 @@ def _choose(table: FrontTable, groups: tuple, budget: float) -> StageChoice | No
         counts = [[0] * (len(f.options) - 1) + [g.count] for g, f in zip(groups, fronts)]
         return _assemble(groups, fronts, counts, how.time)
     capacity = how.capacity
+    width, n = capacity + 1, sum(g.count for g in groups)
+    stride, dtype = _stride(n, width, max(len(f.options) for f in fronts), table.bucket)  # refuses first
     steps = [(gi, f) for gi, (g, f) in enumerate(zip(groups, fronts)) for _ in range(g.count)]
-    width, n = capacity + 1, len(steps)
-    stride, dtype = _stride(n, width, max(len(f.options) for f in fronts), table.bucket)
     if stride == 0:
         return _choose_kept_rows(groups, fronts, steps, width, capacity)
     firsts = list(range(0, n, stride))
@@ -224,6 +224,8 @@ def choose(groups: Sequence[Layers], fronts: Fronts, budget: float, bucket: floa
     fitting ``budget`` in exact bytes is faster (equal to ``time`` when the
     bucket divides every option's memory and the budget).
     """
+    if not isinstance(bound, (bool, np.bool_)):
+        raise ValueError(f"bound must be True or False, got {bound!r}")
     table = FrontTable(fronts, bucket)
     groups = check_groups(groups)
     choice = _choose(table, groups, budget)
@@ -249,8 +251,8 @@ def least_times(groups: Sequence[Layers], fronts: Fronts, budget: float, bucket:
     curve = np.full(1, np.inf)
     if budget >= 0:
         width = buckets_down(budget, table.bucket, cap=buckets_down(fastest_bytes, table.bucket)) + 1
-        _guard(2 * 8 * width, width * sum(n for _, n in problem.runs), table.bucket,
-               "this stage's times within each budget", width)
+        steps = sum(n for _, n in problem.runs)
+        _guard(2 * 8 * width, width * steps, table.bucket, "this stage's times within each budget", width, steps)
         row = zeros_row(width)
         for (key, n) in problem.runs:
             f = table.get(*key)
@@ -295,7 +297,7 @@ def suffix_times(layers: Sequence[Layers], fronts: Fronts, budgets: Sequence[flo
     out = [math.inf] * len(budgets)
     if width <= 0:
         return out
-    _guard(2 * 8 * width, width * len(layers), table.bucket, "this stage's suffix times", width)
+    _guard(2 * 8 * width, width * len(layers), table.bucket, "this stage's suffix times", width, len(layers))
     row = zeros_row(width)
     if caps[-1] >= 0:
         out[-1] = 0.0

@@ -21,10 +21,19 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Callable, Iterator
 
+import numpy as np
+
 #: Default limit on DP cells per call (about a minute of NumPy passes on a 2-core machine, 4 options).
 DEFAULT_MAX_CELLS = 10_000_000_000
 #: Most splits ``best_splits`` returns in one call.
 MAX_TOP = 1000
+
+#: What one DP pass costs besides its cells, counted in cells (a cell is about 6 ns of NumPy on a
+#: 2-core machine): a level of the batched engine (its Python, plan and uploads; about 40 us
+#: measured on a chain of one-bucket levels) and a layer step of a single-stage solver (about 10 us).
+#: A stage of very many layers is refused for this, however narrow its rows.
+LEVEL_CELLS = 8_000
+STEP_CELLS = 2_000
 
 #: How much a suggested bucket exceeds the ratio of the work to its limit.
 SUGGESTION_MARGIN = 1.1
@@ -48,7 +57,8 @@ def max_cells() -> int:
 @contextmanager
 def work_limit(cells: int) -> Iterator[None]:
     """Allow up to ``cells`` DP cells per call inside the ``with`` block."""
-    if isinstance(cells, bool) or not isinstance(cells, (int, float)) or not 1 <= cells < math.inf:
+    if isinstance(cells, bool) or not isinstance(cells, (int, float, np.integer, np.floating)) \
+            or not 1 <= cells < math.inf:
         raise ValueError(f"the work limit must be a positive number of DP cells, got {cells!r}")
     token = _max_cells.set(int(cells))
     try:
@@ -80,19 +90,28 @@ def counting() -> Iterator[list]:
         _spent.reset(token)
 
 
-def check_work(cells: int, bucket: float, what: str = "this batch", factor: int = 1) -> None:
-    """Refuse ``cells`` DP cells over the limit, saying what would fit (a bucket at least
-    ``factor`` times this one, when another limit needs that)."""
+def check_work(cells: int, bucket: float, what: str = "this batch", factor: int = 1,
+               passes: int = 0, pass_cells: int = LEVEL_CELLS) -> None:
+    """Refuse ``cells`` DP cells and ``passes`` passes of ``pass_cells`` each (work that no bucket
+    changes) over the limit, saying what would fit (a bucket at least ``factor`` times this one,
+    when another limit needs that)."""
     limit = max_cells()
-    if cells <= limit:
+    fixed = passes * pass_cells
+    if cells + fixed <= limit:
         spent = _spent.get()
         if spent is not None:
-            spent[0] += cells
+            spent[0] += cells + fixed
         return
-    factor = max(bucket_factor(cells / limit), factor)
+    if fixed >= limit:
+        raise WorkTooLarge(
+            f"{what} needs {passes:,} DP passes over its layers, {fixed:.3g} DP cells of work before any "
+            f"bucket is counted, over the work limit of {limit:.3g}; a larger bucket does not change that: "
+            f"use fewer layers per stage, or raise the limit (--max-work, gpuknap.work_limit)", cells + fixed)
+    factor = max(bucket_factor(cells / (limit - fixed)), factor)
     raise WorkTooLarge(
-        f"{what} needs {cells:.3g} DP cells, over the work limit of {limit:.3g}; use a bucket of at least "
-        f"{format_bytes(bucket * factor)} (--bucket), or raise the limit (--max-work, gpuknap.work_limit)", cells)
+        f"{what} needs {cells + fixed:.3g} DP cells, over the work limit of {limit:.3g}; use a bucket of at least "
+        f"{format_bytes(bucket * factor)} (--bucket), or raise the limit (--max-work, gpuknap.work_limit)",
+        cells + fixed)
 
 
 def format_bytes(n: float) -> str:

@@ -1,7 +1,10 @@
 """The work limit and progress reports: estimates are made before any pass, answers do not change."""
 from __future__ import annotations
 
+import math
 import os
+import random
+import re
 
 import pytest
 from paths import EXAMPLES
@@ -9,13 +12,17 @@ from paths import EXAMPLES
 from gpuknap import (
     LayerOption,
     Layers,
+    Stage,
     WorkTooLarge,
     best_splits,
     choose,
     least_times,
+    rank,
+    suffix_times,
     work_limit,
 )
 from gpuknap.engine import DEFAULT_MAX_CELLS, max_cells, reporting
+from gpuknap.engine._problem import sequential_time
 from gpuknap.formats import load_spec
 
 DEMO = os.path.join(EXAMPLES, "demo.json")
@@ -30,10 +37,13 @@ def test_work_limit_refuses_and_restores():
         assert max_cells() == 1000
         with pytest.raises(WorkTooLarge, match="DP cells"):
             best_splits(model, 16, backend="numpy")
-        with pytest.raises(WorkTooLarge, match="bucket of at least"):
-            choose(GROUPS_SMALL, FR_SMALL, 10**6, 1)
         with pytest.raises(WorkTooLarge):
             least_times(GROUPS_SMALL, FR_SMALL, 10**6, 1)
+    with work_limit(10**5):  # over the 20 layer steps' set-up (4e4), the cells decide
+        with pytest.raises(WorkTooLarge, match="bucket of at least") as refused:
+            choose(GROUPS_SMALL, FR_SMALL, 10**6, 1)
+        size, unit = re.search(r"bucket of at least ([0-9.]+) (KiB|bytes)", str(refused.value)).groups()
+        assert choose(GROUPS_SMALL, FR_SMALL, 10**6, float(size) * (1024 if unit == "KiB" else 1)) is not None
     assert max_cells() == DEFAULT_MAX_CELLS
     with work_limit(10**12):
         again = best_splits(model, 16, backend="numpy")
@@ -61,3 +71,47 @@ def test_progress_reports_every_phase_and_finishes():
     passes = seen["DP passes"]  # one run per round of the search's limit: each rises to its total
     for (d0, t0), (d1, t1) in zip(passes, passes[1:]):
         assert d1 >= d0 or (d0 == t0 and d1 < d0)
+
+
+def _added_one_by_one(total, t, n):
+    for _ in range(n):
+        total += t
+    return total
+
+
+def test_all_fastest_time_is_the_sum_added_layer_by_layer():
+    """The all-fastest time (no DP) takes steps per power of two, not per layer: it equals the
+    layer-by-layer float sum, ties (round half to even) and subnormal times included."""
+    rng = random.Random(3)
+    for _ in range(3000):
+        start = rng.choice([0.0, rng.uniform(0, 1e6), rng.uniform(1, 2) * 2.0 ** rng.randint(-40, 40),
+                            5e-324 * rng.randint(0, 99)])
+        ulp = math.ulp(start)
+        t = rng.choice([rng.uniform(0, 10) * 10.0 ** rng.randint(-6, 6), (rng.randint(0, 40) + 0.5) * ulp,
+                        rng.randint(0, 9) * ulp, 5e-324 * rng.randint(0, 9), rng.uniform(0, 1e200)])
+        n = rng.choice([rng.randint(0, 40), rng.randint(0, 5000)])
+        assert sequential_time([start, t], [1, n]) == _added_one_by_one(start, t, n), (start.hex(), t.hex(), n)
+    times, counts = [0.1, 3.7, 1e-3], [123_457, 98_765, 250_000]
+    want = 0.0
+    for t, n in zip(times, counts):
+        want = _added_one_by_one(want, t, n)
+    assert sequential_time(times, counts) == want
+
+
+HUGE = 10**12  # layers: a count no model has (tokens, say, passed for layers)
+FASTEST_FITS = {"a": [LayerOption("keep", 10, 1.0, 2.0), LayerOption("full", 1, 1.0, 3.0)]}
+MUST_CHOOSE = {"a": [LayerOption("keep", 10, 1.0, 2.0), LayerOption("full", 0, 1.0, 3.0)]}
+
+
+def test_huge_layer_counts_are_answered_or_refused_before_any_pass():
+    """The all-fastest answer needs no pass at all; a knapsack over 10**12 layer steps is refused
+    however narrow its rows, since a larger bucket cannot help: the message says so."""
+    assert choose([Layers("a", HUGE)], FASTEST_FITS, math.inf).time == sequential_time([3.0], [HUGE])
+    assert rank([[Stage([Layers("a", HUGE)], math.inf)]], FASTEST_FITS).slowest[0] == sequential_time([3.0], [HUGE])
+    for solve in (lambda: choose([Layers("a", HUGE)], MUST_CHOOSE, 100, bucket=1),
+                  lambda: least_times([Layers("a", HUGE)], MUST_CHOOSE, 0, bucket=1),
+                  lambda: suffix_times([Layers("a", 1)] * 3, MUST_CHOOSE, [0] * 4, bucket=1),
+                  lambda: rank([[Stage([Layers("a", HUGE)], 100)]], MUST_CHOOSE, bucket=1)):
+        with work_limit(5_000):  # suffix_times: 3 steps of set-up, over this limit
+            with pytest.raises(WorkTooLarge, match="DP passes over its layers.*a larger bucket does not change"):
+                solve()

@@ -307,7 +307,7 @@ def test_the_suggested_bucket_passes_both_limits(monkeypatch, limit_bytes, limit
     layers, budget, bucket = [Layers("x", 40)], 200.0, 0.05
     want = choose(layers, fr, budget, 1.0)
     monkeypatch.setattr(stage_mod, "SINGLE_STAGE_LIMIT", limit_bytes)
-    with work_limit(limit_cells):
+    with work_limit(limit_cells + 2 * 40 * stage_mod.STEP_CELLS):  # the cells over the passes' set-up
         with pytest.raises(ValueError, match="use a bucket of at least") as info:
             choose(layers, fr, budget, bucket)
         number, unit = re.search(r"at least ([\d.]+) (bytes|KiB)", str(info.value)).groups()
