@@ -17,6 +17,7 @@ from ._options import (
                        MEGABYTE,
                        Front,
                        FrontTable,
+                       FrozenMap,
                        LayerOption,
                        Layers,
                        buckets_down,
@@ -24,6 +25,7 @@ from ._options import (
                        check_bucket,
                        check_int,
                        check_number,
+                       option_times,
                        own_fronts,
                        short,
 )
@@ -34,6 +36,7 @@ from ._problem import (
                        StageProblem,
                        Verdict,
                        canonical,
+                       check_groups,
                        kept_bytes,
                        verdict,
 )
@@ -57,7 +60,8 @@ from ._work import (
 __all__ = [
     "BACKENDS", "Backend", "BackendUnavailable", "cupy_available", "get_backend", "numba_available",
     "MAX_BYTES", "MAX_TIME", "MEGABYTE", "Front", "FrontTable", "LayerOption", "Layers", "buckets_down",
-    "buckets_up", "check_bucket", "check_int", "check_number", "own_fronts", "short",
+    "FrozenMap", "buckets_up", "check_bucket", "check_groups", "check_int", "check_number", "option_times",
+    "own_fronts", "short",
     "FASTEST", "INFEASIBLE", "KNAPSACK", "StageProblem", "Verdict", "canonical", "kept_bytes", "verdict",
     "Ranking", "compact_codes", "rank", "Assignment", "PipelineChoice", "Stage", "StageChoice",
     "Solved", "check_max_bytes", "solve_knapsacks", "solve_problems",

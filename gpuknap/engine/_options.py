@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Hashable, Mapping, NamedTuple, Sequence
+from typing import Any, Hashable, Iterator, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -50,12 +50,22 @@ class LayerOption:
         if isinstance(excess, (str, bytes)) or not hasattr(excess, "__iter__"):
             raise ValueError(f"LayerOption.excess must be a tuple of (in_flight, bytes) pairs, got {excess!r}")
         pairs = tuple(tuple(pair) if isinstance(pair, (list, tuple)) else pair for pair in excess)
-        for pair in pairs:
+        for i, pair in enumerate(pairs):
             if not (isinstance(pair, tuple) and len(pair) == 2) or any(isinstance(x, bool) for x in pair):
                 raise ValueError(f"LayerOption.excess must hold (in_flight, bytes) pairs of numbers, got {pair!r}")
+            check_int(pair[0], f"LayerOption.excess[{i}] in_flight", 1)
+            if not 0 <= check_number(pair[1], f"LayerOption.excess[{i}] bytes") <= MAX_BYTES:
+                raise ValueError(f"LayerOption.excess[{i}] bytes must be from 0 to {MAX_BYTES:g}, got {pair[1]!r}")
         object.__setattr__(self, "excess", pairs)  # a tuple of its own: the caller's list may change
-        if isinstance(self.parts, list):
-            object.__setattr__(self, "parts", tuple(self.parts))
+        parts = self.parts
+        if isinstance(parts, (str, bytes)) or not hasattr(parts, "__iter__"):
+            raise ValueError(f"LayerOption.parts must be a tuple of (name, time) pairs, got {parts!r}")
+        parts = tuple(tuple(pair) if isinstance(pair, (list, tuple)) else pair for pair in parts)
+        for i, pair in enumerate(parts):
+            if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str)):
+                raise ValueError(f"LayerOption.parts must hold (name, time) pairs, got {pair!r}")
+            check_number(pair[1], f"LayerOption.parts[{i}] time")
+        object.__setattr__(self, "parts", parts)
 
     def memory(self, in_flight: int) -> float:
         """Bytes kept by one layer running this option at ``in_flight``."""
@@ -89,7 +99,11 @@ def check_bucket(bucket: Any) -> float:
     """Validate a bucket size in bytes."""
     if isinstance(bucket, bool) or not isinstance(bucket, (int, float, np.integer, np.floating)):
         raise ValueError(f"bucket must be a positive number of bytes, got {bucket!r}")
-    if not math.isfinite(bucket) or bucket <= 0:
+    try:
+        finite = math.isfinite(bucket)
+    except OverflowError:  # an int beyond the float range
+        finite = False
+    if not finite or bucket <= 0:
         raise ValueError(f"bucket must be a positive finite number of bytes, got {bucket!r}")
     return bucket
 
@@ -120,12 +134,36 @@ def short(value: Any) -> str:
     return text if len(text) <= 40 else f"{text[:20]}...{text[-8:]} ({len(text)} characters)"
 
 
+class FrozenMap(Mapping):
+    """A read-only copy of a mapping: what a frozen model or result holds, so that an edit made
+    through it (``model.static[kind] = ...``) raises TypeError instead of leaving the answers
+    already cached on it disagreeing with the ones computed after."""
+
+    def __init__(self, items: Any = ()):
+        self._items = dict(items)
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._items[key]
+
+    def __iter__(self) -> Iterator:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __repr__(self) -> str:
+        return repr(self._items)
+
+    def __reduce__(self) -> tuple:
+        return FrozenMap, (self._items,)
+
+
 def own_fronts(fronts: Any) -> Any:
-    """A mapping's own copy with its option lists as tuples (a caller editing its lists later
-    must not change a result or a model); anything else as given, for the validators to refuse."""
+    """A mapping's own read-only copy with its option lists as tuples (a caller editing its lists
+    later must not change a result or a model); anything else as given, for the validators to refuse."""
     if not isinstance(fronts, Mapping):
         return fronts
-    return {k: tuple(v) if isinstance(v, list) else v for k, v in fronts.items()}
+    return FrozenMap((k, tuple(v) if isinstance(v, list) else v) for k, v in fronts.items())
 
 
 def check_time(value: Any, field: str) -> float:

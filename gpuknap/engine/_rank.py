@@ -58,9 +58,15 @@ class Ranking:
             self._p, self._offsets = None, np.asarray(stages, dtype=np.int64)
             n = len(self._offsets) - 1
         self._n = n
-        self.slowest = self._slowest()
-        self.slowest.setflags(write=False)
+        self._slowest_kept = self._slowest()
+        self._slowest_kept.setflags(write=False)
         self._order: np.ndarray | None = None
+
+    @property
+    def slowest(self) -> np.ndarray:
+        """Each candidate's slowest stage time (``inf`` where a stage has no choice); read-only
+        (a view of the ranking's own array, which cannot be made writeable)."""
+        return self._slowest_kept.view()
 
     def _bounds(self, i: int) -> tuple[int, int]:
         if self._offsets is None:
@@ -94,9 +100,9 @@ class Ranking:
     def order(self) -> np.ndarray:
         """Candidate indices, best (least slowest) first; ties by index."""
         if self._order is None:
-            self._order = np.argsort(self.slowest, kind="stable")
+            self._order = np.argsort(self._slowest_kept, kind="stable")
             self._order.setflags(write=False)
-        return self._order
+        return self._order.view()
 
     def _index(self, i: int) -> int:
         if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
@@ -112,12 +118,14 @@ class Ranking:
             sizes = np.diff(self._offsets)
             if len(sizes) and (sizes != sizes[0]).any():
                 raise ValueError("stage_table needs candidates with the same number of stages")
+        if not len(self):
+            return np.empty((0, self._p or 0))
         return self._values[self._codes].reshape(len(self), -1)
 
     def times(self, i: int) -> list[float] | None:
         """Per-stage times of candidate ``i`` (fixed time included), or None."""
         i = self._index(i)
-        if np.isinf(self.slowest[i]):
+        if np.isinf(self._slowest_kept[i]):
             return None
         a, b = self._bounds(i)
         return self._values[self._codes[a:b]].tolist()
@@ -125,7 +133,7 @@ class Ranking:
     def choice(self, i: int) -> PipelineChoice | None:
         """The :class:`PipelineChoice` of candidate ``i`` (equal to ``pp_lite``), or None."""
         i = self._index(i)
-        if np.isinf(self.slowest[i]):
+        if np.isinf(self._slowest_kept[i]):
             return None
         return self._rebuild(i)
 

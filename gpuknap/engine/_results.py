@@ -20,6 +20,15 @@ class Stage:
         if isinstance(self.groups, (str, bytes)) or not hasattr(self.groups, "__iter__"):
             raise ValueError(f"Stage.groups must be a sequence of Layers, got {type(self.groups).__name__}")
         object.__setattr__(self, "groups", tuple(self.groups))
+        # bools equal the numbers 0 and 1, so a batch's dedup could take one for a valid stage it
+        # already checked: they are refused here, whatever other candidates hold
+        if bool in (type(self.budget), type(self.fixed_time)):
+            raise ValueError(f"Stage.{'budget' if type(self.budget) is bool else 'fixed_time'} must be a number, "
+                             f"got a bool")
+        for g in self.groups:
+            if type(g) is Layers and (type(g.count) is bool or type(g.in_flight) is bool):
+                at = next(i for i, h in enumerate(self.groups) if h is g)
+                raise ValueError(f"Stage.groups[{at}]: count and in_flight must be integers, got {g!r}")
 
 
 @dataclass(frozen=True)

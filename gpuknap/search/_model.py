@@ -25,14 +25,18 @@ import numpy as np
 from ..engine import (
     MEGABYTE,
     Layers,
+    PipelineChoice,
     Planner,
     Ranking,
     Stage,
     check_bucket,
+    check_groups,
     check_int,
     check_max_bytes,
     check_number,
+    FrozenMap,
     get_backend,
+    option_times,
     own_fronts,
     pp_lite,
 )
@@ -77,9 +81,10 @@ class PipelineModel:
             raise ValueError("kinds must list at least one layer")
         if not isinstance(self.fronts, Mapping) or not isinstance(self.static, Mapping):
             raise ValueError("fronts and static must be mappings from kind")
-        # own copies: a caller changing its dicts (or option lists) later must not change this model
+        # own read-only copies: a caller changing its dicts (or option lists) later must not change
+        # this model, nor may an edit through the model (its stages are cached)
         object.__setattr__(self, "fronts", own_fronts(self.fronts))
-        object.__setattr__(self, "static", dict(self.static))
+        object.__setattr__(self, "static", FrozenMap(self.static))
         order: list[Hashable] = []
         seen: set = set()
         for i, kind in enumerate(kinds):
@@ -92,6 +97,7 @@ class PipelineModel:
         for kind in order:
             if kind not in self.fronts:
                 raise ValueError(f"kind {kind!r} is missing from fronts")
+            option_times(kind, self.fronts[kind])  # options and their times now; memory per count on use
             if kind not in self.static:
                 raise ValueError(f"kind {kind!r} is missing from static")
             value = check_number(self.static[kind], f"static[{kind!r}]")
@@ -123,10 +129,12 @@ class PipelineModel:
 
     def default_in_flight(self, stages: int) -> list[list[int]]:
         """1F1B: stage s of P keeps ``min(P - s, M)`` micro-batches in flight."""
+        check_int(stages, "stages", 1)
         return [[min(stages - s, self.micro_batches)] for s in range(stages)]
 
     def in_flight_table(self, stages: int, chunks: int, in_flight: Any = None) -> list[list[int]]:
         """Validated in-flight counts ``[stage][chunk]``."""
+        check_int(stages, "stages", 1)
         check_int(chunks, "chunks", 1)
         if in_flight is None:
             if chunks > 1:  # Megatron's interleaved schedule: the peak micro-batches alive per chunk
@@ -161,10 +169,23 @@ class PipelineModel:
 
     def segment_groups(self, start: int, stop: int, in_flight: int) -> list[Layers]:
         """Groups of layers ``start:stop``: one per kind, in order of first appearance."""
+        check_int(start, "start", 0)
+        check_int(stop, "stop", start)
+        check_int(in_flight, "in_flight", 1)
+        if stop > self.layers:
+            raise ValueError(f"stop must be at most the model's {self.layers} layers, got {stop!r}")
         return [Layers(kind, n, in_flight) for kind, n in kind_counts(self.kinds[start:stop])]
 
     def budget_of(self, groups: Sequence[Layers]) -> float:
         """``capacity - reserved - static bytes of the groups' layers``."""
+        groups = check_groups(groups)
+        for i, g in enumerate(groups):
+            try:
+                known = g.kind in self.static
+            except TypeError:  # unhashable
+                known = False
+            if not known:
+                raise ValueError(f"groups[{i}].kind {g.kind!r} is not a kind of this model")
         static = 0.0
         for g in groups:
             static += g.count * float(self.static[g.kind])
@@ -214,7 +235,10 @@ class PipelineModel:
         """Every layer's option name in model order for a solved split (``choice`` a
         PipelineChoice of ``self.stages(counts, in_flight, chunks)``); within a stage
         (chunk), a kind's layers take its chosen options slowest first."""
+        counts = self.check_counts(counts, chunks)
         p = len(counts) // chunks
+        if not isinstance(choice, PipelineChoice) or len(choice.stages) != p:
+            raise ValueError(f"choice must be the PipelineChoice of these {p} stages, got {type(choice).__name__}")
         queues: dict[tuple, list] = {}
         for s, sc in enumerate(choice.stages):
             for a in sc.assignments:
@@ -227,7 +251,11 @@ class PipelineModel:
             for s in range(p):
                 i = c * p + s
                 for kind in self.kinds[bounds[i]:bounds[i + 1]]:
-                    names.append(queues[(s, kind, table[s][c])].pop(0))
+                    queue = queues.get((s, kind, table[s][c]))
+                    if not queue:
+                        raise ValueError(f"choice is not a solution of counts {counts}: stage {s} chooses "
+                                         f"for other layers")
+                    names.append(queue.pop(0))
         return names
 
     def check_splits(self, splits: Any, chunks: int = 1, where: Any = None) -> np.ndarray:
@@ -241,6 +269,8 @@ class PipelineModel:
         time, so no copy of a large batch is made (integer or integral float dtypes).
         ``rows=False``: the shape and dtype only (the caller checks the rows as it reads them)."""
         where = where or (lambda row: f"splits row {row}")
+        if not callable(where):
+            raise ValueError(f"where must be a function of the row index naming it, got {where!r}")
         check_int(chunks, "chunks", 1)
         try:
             arr = np.asarray(splits)

@@ -93,3 +93,49 @@ def test_an_options_excess_is_its_own_tuple():
     option = LayerOption("A", 10, 1, 1, excess=excess)
     excess[0] = (1, 0)
     assert option.excess == ((1, 5),) and option.memory(1) == 5 and hash(option)
+
+
+def test_a_models_mappings_cannot_be_edited_through_it():
+    """Its stages are cached: an edit through the model would leave one Ranking contradicting
+    itself (slowest from the new budgets, choices from the old), so edits raise instead."""
+    import pickle  # noqa: PLC0415
+
+    m = PipelineModel(("a",) * 4, {"a": [FAST, SLOW]}, {"a": 5}, 45.0, 4)
+    before = m.rank(np.array([[2, 2]]), bucket=1, backend="numpy")
+    for edit in (lambda: m.static.__setitem__("a", 0), lambda: m.fronts.__setitem__("a", (FAST,)),
+                 lambda: m.static.pop("a"), lambda: m.fronts.clear()):
+        with pytest.raises((TypeError, AttributeError)):
+            edit()
+    after = m.rank(np.array([[2, 2]]), bucket=1, backend="numpy")
+    assert after.slowest.tolist() == before.slowest.tolist() == [max(before.choice(0).times)]
+    again = pickle.loads(pickle.dumps(m))  # sweeps send models to workers
+    assert again == m and dict(again.static) == {"a": 5} and again.fronts["a"] == (FAST, SLOW)
+
+
+def test_a_rankings_arrays_and_attributes_are_its_own():
+    r = rank([[Stage([Layers("a", 2)], 100.0)], [Stage([Layers("a", 2)], 5.0)]], {"a": [FAST, SLOW]}, 1)
+    want = r.slowest.tolist()
+    for name in ("slowest", "order"):
+        with pytest.raises(AttributeError):
+            setattr(r, name, [0.0, 0.0])
+        with pytest.raises(ValueError):
+            getattr(r, name).setflags(write=True)
+    assert r.slowest.tolist() == want and r.order.tolist() == [int(i) for i in np.argsort(want, kind="stable")]
+    m = PipelineModel(("a",) * 4, {"a": [FAST, SLOW]}, {"a": 5}, 45.0, 4)
+    empty = m.rank(np.zeros((0, 2), dtype=np.int64), bucket=1, backend="numpy")
+    assert empty.stage_table().shape == (0, 2) and rank([], {"a": [FAST]}).stage_table().shape[0] == 0
+
+
+def test_an_options_parts_are_its_own_pairs():
+    parts = [["compute", 1.0], ["tp", 0.5]]
+    o = LayerOption("x", 10, 1, 1, parts=parts)
+    parts[0][1] = 99.0
+    assert o.parts == (("compute", 1.0), ("tp", 0.5))
+
+
+def test_a_work_limit_takes_numpy_integers():
+    from gpuknap import work_limit  # noqa: PLC0415
+    from gpuknap.engine import max_cells  # noqa: PLC0415
+
+    with work_limit(np.int64(10**9)):
+        assert max_cells() == 10**9 and type(max_cells()) is int
