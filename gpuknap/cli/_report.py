@@ -77,8 +77,10 @@ def split_record(model: PipelineModel, counts: Sequence[int], choice: PipelineCh
         "score": _finite(value),
         "score_kind": score,
         "slowest": slowest,
-        "iteration_time_1f1b": (score_of(choice.times, "1f1b", model.micro_batches) if chunks == 1 else
-                                ((chunks * model.micro_batches - 1) * slowest + sum(choice.times)) / chunks),
+        # the record's own score when it is this one (a search ranks on its own sums, which can
+        # differ from the exact closed form rounded once by an ulp on interleaved splits)
+        "iteration_time_1f1b": value if score == "1f1b" else score_of(choice.times, "1f1b", model.micro_batches,
+                                                                      chunks),
         "stages": rows,
         **run,
         **({} if lower_bound is None else {"lower_bound": lower_bound}),

@@ -30,9 +30,13 @@ def exact_score(times: Any, score: str, micro_batches: int) -> Fraction:
     return (micro_batches - 1) * slowest + sum(map(Fraction, times))
 
 
-def score_of(times: Any, score: str, micro_batches: int) -> float:
-    """A split's score as reported: the exact score rounded once to a float."""
-    return float(exact_score(times, score, micro_batches))
+def score_of(times: Any, score: str, micro_batches: int, chunks: int = 1) -> float:
+    """A split's score as reported: the exact score rounded once to a float; with ``chunks > 1``
+    (interleaved) the ``1f1b`` closed form ``((v M - 1) * slowest + sum) / v`` of its stages'
+    totals."""
+    if chunks == 1 or score == "slowest":
+        return float(exact_score(times, score, micro_batches))
+    return float(exact_score(times, score, chunks * micro_batches) / chunks)
 
 
 def top_slowest(T: SegmentTable, top: int) -> list[tuple]:

@@ -638,3 +638,21 @@ def test_emit_of_a_moe_model_with_fixed_recompute_states_its_expert_parallelism(
                  "--json"]) == 0
     back = json.loads(capsys.readouterr().out)["best"]
     assert back["counts"] == best["counts"] and back["score"] == best["score"]
+
+
+@pytest.mark.parametrize("score", ["1f1b", "slowest"])
+def test_an_interleaved_records_1f1b_time_is_its_score_or_the_exact_closed_form(score):
+    """Interleaved 1F1B: a record scored by 1f1b carries its own score as iteration_time_1f1b
+    (float sums of the closed form can be an ulp off it: GPT-3 175B on 6 x 2 was); other
+    records carry ((vM - 1) * slowest + sum) / v computed exactly and rounded once."""
+    from fractions import Fraction  # noqa: PLC0415
+
+    path = os.path.join(EXAMPLES, "gpt3_175b.yaml")
+    out = json.loads(run("best", path, "--stages", "6", "--interleave", "2", "--score", score, "--top", "5",
+                         "--json", check_rc=0).stdout)
+    m = out["micro_batches"]
+    for r in out["results"]:
+        times = [Fraction(s["time"]) for s in r["stages"]]
+        exact = float(((2 * m - 1) * max(times) + sum(times)) / 2)
+        assert r["iteration_time_1f1b"] == (r["score"] if score == "1f1b" else exact)
+        assert abs(r["iteration_time_1f1b"] - exact) <= 2 * np.spacing(exact)
