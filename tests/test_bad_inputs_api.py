@@ -192,6 +192,35 @@ for bucket in (2.2e-308, 5e-324):
     api(f"rank bucket {bucket!r}",
         lambda b=bucket: rank([[Stage([Layers("a", 3, 1)], 1e12)]], _OPT, b, backend="numpy"), "bucket")
 
+# the Python API red team (round 3): calls that raised another exception, or accepted nonsense
+_SMALL = PipelineModel(("a",) * 4, {"a": [LayerOption("N", 10 * 2**20, 1.0, 2.0)]}, {"a": 5 * 2**20}, 100 * 2**20, 4)
+_SMALL_CHOICE = pp_lite(_SMALL.stages([2, 2]), _SMALL.fronts)
+api("bucket 10**400 (choose)", lambda: choose([Layers("a", 1)], _OPT, 100, bucket=10**400), "bucket")
+api("bucket 10**400 (model.rank)", lambda: _SMALL.rank([[2, 2]], bucket=10**400), "bucket")
+api("bucket 10**400 (best_splits)", lambda: best_splits(_SMALL, 2, bucket=10**400), "bucket")
+api("option_names without a choice", lambda: _SMALL.option_names([2, 2], None), "choice")
+api("option_names with another split's choice",
+    lambda: _SMALL.option_names([1, 3], _SMALL_CHOICE), "choice", "counts")
+api("option_names with fractional counts", lambda: _SMALL.option_names([1.5, 2.5], _SMALL_CHOICE), "counts[0]")
+api("budget_of an unknown kind", lambda: _SMALL.budget_of([Layers("zz", 1)]), "groups[0].kind", "'zz'")
+api("budget_of None", lambda: _SMALL.budget_of(None), "groups")
+api("default_in_flight 2.5", lambda: _SMALL.default_in_flight(2.5), "stages")
+api("default_in_flight -3", lambda: _SMALL.default_in_flight(-3), "stages")
+api("in_flight_table 0 stages", lambda: _SMALL.in_flight_table(0, 1), "stages")
+api("segment_groups in_flight 0", lambda: _SMALL.segment_groups(0, 2, 0), "in_flight")
+api("segment_groups stop before start", lambda: _SMALL.segment_groups(3, 1, 1), "stop")
+api("segment_groups past the layers", lambda: _SMALL.segment_groups(0, 9, 1), "stop", "4 layers")
+api("check_splits where=5", lambda: _SMALL.check_splits([[1, 3]], where=5), "where")
+api("Stage budget True", lambda: Stage([Layers("a", 1)], True), "budget")
+api("Stage fixed_time False", lambda: Stage([Layers("a", 1)], 1.0, False), "fixed_time")
+api("Stage count True", lambda: Stage([Layers("a", 2), Layers("a", True)], 1.0), "groups[1]")
+api("excess in_flight None", lambda: LayerOption("x", 10, 1, 1, excess=[(None, 5)]), "excess[0]", "in_flight")
+api("excess negative bytes", lambda: LayerOption("x", 10, 1, 1, excess=[(2, -5)]), "excess[0]", "bytes")
+api("parts a number", lambda: LayerOption("x", 10, 1, 1, parts=5), "parts")
+api("parts a bad pair", lambda: LayerOption("x", 10, 1, 1, parts=[("compute", "1 ms")]), "parts[0]")
+api("choose bound 'yes'", lambda: choose([Layers("a", 1)], _OPT, 1e12, bound="yes"), "bound")
+api("load_spec stages 99 of 98 layers", lambda: load_spec(DEMO, stages=99), "stages", "98 layers")
+
 
 def test_the_api_table_is_large():
     assert len(API) >= 150 and len({name for name, _, _ in API}) == len(API)

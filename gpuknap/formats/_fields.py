@@ -14,7 +14,21 @@ from ._units import parse_quantity
 
 @dataclass(frozen=True)
 class Spec:
-    """A loaded spec: the model plus the pipeline settings to search with."""
+    """A loaded spec: the model plus the pipeline settings to search with.
+
+    ``model``: the :class:`~gpuknap.PipelineModel` (layers, options, memory).
+    ``stages``: pipeline stages to split into (None when neither the file nor
+    the caller said; at most the model's layers).  ``chunks``: model chunks per
+    stage (interleaved pipeline; 1 for plain 1F1B).  ``in_flight``: micro-batches
+    each stage keeps, ``[stage][chunk]``, or None for the schedule's own counts.
+    ``bucket``: the DP's memory bucket in bytes.  ``source``: the path read.
+    ``name``: the model's name (the file's, else its file name).  ``kind``:
+    ``"spec"``, ``"profile"`` (SAPP-PPB) or ``"config"`` (Hugging Face).
+    ``bucket_field``: ``"PATH: bucket"`` when the file set the bucket (refusals
+    that suggest another one name it), else ``""``.  ``notes``: what the input
+    says that the plan does not follow (a Hugging Face config's quantized
+    weights, say), for the user to read.
+    """
 
     model: PipelineModel
     stages: int | None
@@ -23,9 +37,9 @@ class Spec:
     bucket: float
     source: str
     name: str
-    kind: str = "spec"  # "spec", "profile" (SAPP-PPB) or "config" (Hugging Face)
-    #: ``"PATH: bucket"`` when the file set the bucket (refusals that suggest one name it), else "".
+    kind: str = "spec"
     bucket_field: str = ""
+    notes: tuple = ()
 
 
 class Fields:

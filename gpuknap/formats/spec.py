@@ -111,8 +111,20 @@ def load_spec(path: str | os.PathLike, *, capacity: Any = None, micro_batches: i
     ``training`` (``seq``, ``micro_batch``, ``tensor_parallel``,
     ``expert_parallel``, ``data_parallel``, ``sequence_parallel``) says how a
     Hugging Face config is trained (``seq`` required); it is refused for
-    other inputs rather than ignored.
+    other inputs rather than ignored.  More stages than the model has layers
+    are refused.
     """
+    spec = _load(path, capacity, micro_batches, stages, bucket, reserved, training)
+    if spec.stages is not None and spec.stages > spec.model.layers:
+        where = "stages (--stages)" if stages is not None else f"{spec.source}: pipeline.stages"
+        raise ValueError(f"{where}: {spec.stages} stages for a model of {spec.model.layers} layers; "
+                         "every stage needs at least one layer")
+    return spec
+
+
+def _load(path: Any, capacity: Any, micro_batches: Any, stages: Any, bucket: Any, reserved: Any,
+          training: dict) -> Spec:
+    """:func:`load_spec` before its checks across the fields."""
     if not isinstance(path, (str, os.PathLike)):
         raise ValueError(f"path: expected a file path, got {type(path).__name__}")
     path = os.fspath(path)
