@@ -55,6 +55,8 @@ def _spec(args: argparse.Namespace, path: str | None, note_dp: bool = True, **ex
                      recompute=args.recompute, **{"tp_comm_overlap": args.tp_comm_overlap, **extra},
                      **device_keywords(args))
     args.bucket_field = spec.bucket_field  # named by refusals that suggest a bucket
+    for text in spec.notes:
+        note(text)
     if note_dp and spec.kind == "config" and args.dp is None and "data_parallel" not in extra:
         note("--dp not given: data-parallel size 1, so the optimizer state is not sharded and no gradients are "
              "reduced; give --dp for the run you plan")

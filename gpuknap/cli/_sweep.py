@@ -10,9 +10,11 @@ from typing import Any
 
 from .._version import __version__
 from ..engine import MAX_TOP
+from ..formats import hf, read_document
 from ..sweep import GRID_KEYS, MAX_TOP_ROWS, SCORES, sweep
 from ._flags import EXIT_OK, integer, plural
 from ._plots import plot_sweep
+from ._progress import note
 from ._report import JSON_VERSION
 
 EXIT_INFEASIBLE = 1
@@ -185,6 +187,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                    top_splits=args.top_splits, backend=args.backend, scheduler=args.scheduler,
                    capacity=args.capacity, reserved=args.reserved, seq=args.seq, bucket=args.bucket,
                    max_bytes=args.max_memory, tp_comm_overlap=args.tp_comm_overlap, **device)
+    if args.seq is not None:  # a config (the sweep refuses --seq for others): what the plans do not follow
+        for text in hf.config_notes(read_document(args.spec), args.seq):
+            note(text)
     feasible = result.best is not None
     if args.plot:
         title = f"{os.path.basename(args.spec)}: {args.gpus} GPUs, global batch {args.global_batch}"

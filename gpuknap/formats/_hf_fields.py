@@ -141,3 +141,36 @@ def check_fields(data: Mapping, where: str) -> str:
         more = f" and {len(unknown) - 8} more" if len(unknown) > 8 else ""
         raise ValueError(f"{where}: unknown {fields}{more} for model_type {kind!r}")
     return kind
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def config_notes(data: Mapping, seq: int) -> tuple[str, ...]:
+    """What a config says that the plan does not follow, for the user to read (not errors):
+    a ``seq`` past the positions its RoPE reaches, weights published quantized, attention dropout."""
+    notes = []
+    positions = _number(data.get("max_position_embeddings"))
+    if positions:
+        scaling = data.get("rope_scaling") if isinstance(data.get("rope_scaling"), Mapping) else {}
+        factor = _number(scaling.get("factor"))
+        if factor and factor > 1:  # YaRN and its kin stretch the original window by the factor
+            positions = max(positions, factor * (_number(scaling.get("original_max_position_embeddings"))
+                                                 or positions))
+        if seq > positions:
+            notes.append(f"--seq {seq:,} is past the {positions:,.0f} positions the config's RoPE reaches "
+                         "(max_position_embeddings, rope_scaling): planned as asked, though the model was not "
+                         "trained that long")
+    quant = data.get("quantization_config")
+    if isinstance(quant, Mapping):
+        method = quant.get("quant_method")
+        plain = isinstance(method, str) and len(method) <= 20 and method.replace("_", "").replace("-", "").isalnum()
+        what = f"{method}-quantized" if plain else "quantized"
+        notes.append(f"quantization_config: the weights are published {what}; gpuknap plans bf16 training "
+                     "(bf16 weights, fp32 gradients, master weights and Adam moments), not FP8 or 4-bit training")
+    dropout = _number(data.get("attention_dropout"))
+    if dropout:
+        notes.append(f"attention_dropout {dropout:g}: with flash attention (as planned) its mask is drawn again in "
+                     "the backward, not kept, so memory is unchanged; its time is not counted")
+    return tuple(notes)

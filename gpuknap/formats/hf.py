@@ -27,7 +27,7 @@ from ..engine import MEGABYTE, short
 from ..search import PipelineModel
 from ._documents import read_document
 from ._fields import DEVICE, TRAINING, Spec, check_arguments, default_reserved, device_of
-from ._hf_fields import HEAD_DIM, KV_HEADS, MLA_TYPES, MOE_TYPES, NULL_KV_IS_HEADS, OPTIONAL, check_fields
+from ._hf_fields import HEAD_DIM, KV_HEADS, MLA_TYPES, MOE_TYPES, NULL_KV_IS_HEADS, OPTIONAL, check_fields, config_notes
 
 #: Fields every dense config must give.
 REQUIRED = ("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers", "vocab_size")
@@ -376,7 +376,8 @@ def spec_of(data: Mapping, path: str, capacity: Any, micro_batches: Any, stages:
     arch = data.get("architectures")
     name = next((n for n in (data.get("_name_or_path"), arch[0] if isinstance(arch, list) and arch else None)
                  if isinstance(n, str) and n), os.path.basename(path))
-    return Spec(model, stages, 1, None, MEGABYTE if bucket is None else bucket, path, name[:80], "config")
+    return Spec(model, stages, 1, None, MEGABYTE if bucket is None else bucket, path, name[:80], "config",
+                notes=config_notes(data, training["seq"]))
 
 
 def load(path: str | os.PathLike, *, micro_batches: int, seq: int, capacity: Any = None, stages: int | None = None,
