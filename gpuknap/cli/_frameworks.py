@@ -17,6 +17,7 @@ import numpy as np
 
 from .. import formats
 from ..formats import framework
+from ..schedule import simulated_plans
 from ..search import best_splits, constrained_splits, with_grouped
 from ._flags import EXIT_OK
 from ._plots import plot_best
@@ -71,7 +72,9 @@ def best_emit(args: argparse.Namespace, spec: Any, stages: int, chunks: int, in_
                      f"{best_time:.6g}{as_runs} for the {args.score} score's best plan (the score sees only stage "
                      f"totals, not unequal chunks); it scores {value:.6g}; --score simulated searches the simulated "
                      "time")
-        payload["even_split"] = True
+        payload["even_split"] = {"counts": [int(c) for c in counts], "iteration_time_simulated": even_time,
+                                 "iteration_time_s": runs[1] if runs else None}
+        payload["exact"] = False  # the even split is emitted, not the search's proven best
         found = [(counts, value, choice, names, None)]
     if free:
         cost = value - free[0][1]
@@ -83,9 +86,10 @@ def best_emit(args: argparse.Namespace, spec: Any, stages: int, chunks: int, in_
                             names=names, mtp=mtp, notes=[n for n in notes if n])
     except ValueError as exc:
         raise _bad(exc, where) from None
-    for c, v, choice, _, _ in found:
-        payload["results"].append(split_record(gm, list(c), choice, args.score, v, in_flight, chunks,
-                                               bucket=spec.bucket))
+    simulated = simulated_plans(gm, [(list(c), list(n)) for c, _, _, n, _ in found], chunks)
+    for (c, v, choice, _, _), sim in zip(found, simulated):  # the names the framework runs, simulated
+        payload["results"].append({**split_record(gm, list(c), choice, args.score, v, in_flight, chunks,
+                                                  bucket=spec.bucket), "iteration_time_simulated": sim})
     payload["settings"] = {"framework": name, "text": text, "exact_search": exact,
                            "unconstrained_score": free[0][1] if free else None, "mtp_layers": mtp}
     if args.plot:
@@ -169,7 +173,6 @@ def _even_plan(model: Any, name: str, stages: int, chunks: int, in_flight: Any, 
     fits and runs faster than the plan ``counts``/``names`` (by the run's time where there is one,
     as a sweep decides, else the simulated schedule's): ``(counts, names, score, that plan's
     simulated time, the even one's, its choice, both run times or None)``."""
-    from ..schedule import simulated_plans  # noqa: PLC0415 - only for interleaved plans
     from ..search import best_on_split, even_candidate, interleaved_score  # noqa: PLC0415
 
     even = even_candidate(model, stages, chunks, [counts])
@@ -222,10 +225,16 @@ def rank_settings(args: argparse.Namespace, make_spec: Callable[..., Any], emit:
             args.micro_batches = run["micro_batches"]
         spec = make_spec(args)
     else:
-        extra = _merge(args, settings, source)
         unsaid = isinstance(settings, formats.megatron.Settings) and args.dp is None  # Megatron files never say DP
+        stated = formats.stated_data_parallel(args.spec) if unsaid else None
+        if stated is not None:  # a spec's transformer section (or its preset) gives it: the plan was made so
+            args.dp = stated
+            note(f"these Megatron settings do not give the data-parallel size (Megatron takes it from the world "
+                 f"size, world / (TP x CP x PP)): the spec's {stated} is used, as its plans were made; give --dp "
+                 "for another")
+        extra = _merge(args, settings, source)
         spec = make_spec(args, **extra, **({"note_dp": False} if unsaid else {}))
-        if unsaid and spec.kind == "config":
+        if unsaid and stated is None and spec.kind == "config":
             note("these Megatron settings do not give the data-parallel size (Megatron takes it from the world size, "
                  "world / (TP x CP x PP)): DP 1 assumed, so the optimizer state is not sharded and no gradients are "
                  "reduced; give --dp")

@@ -113,6 +113,19 @@ def analytic(source: str) -> bool:
                                   and "layers_description" not in data)
 
 
+def stated_data_parallel(source: str) -> int | None:
+    """The data-parallel size a spec's ``transformer`` section gives (its own field, else its
+    preset's), None for other inputs (a Hugging Face config says nothing of the run) or when
+    the section does not read (its own error comes when the spec is loaded)."""
+    try:
+        data = read_document(os.fspath(source))
+        if not isinstance(data, dict) or "transformer" not in data or hf.is_config(data):
+            return None
+        return int(config_from(data["transformer"]).data_parallel)
+    except (ValueError, TypeError):
+        return None
+
+
 def read_settings(path: str | os.PathLike) -> Any:
     """Settings read from a framework's file, told apart by content: a YAML or JSON mapping with
     MindFormers' sections is a MindFormers configuration; a text of ``--flags`` is Megatron's."""
@@ -137,5 +150,6 @@ def read_settings(path: str | os.PathLike) -> Any:
 __all__ = [
     "framework", "hf", "megatron", "mindformers", "sapp_ppb", "splitfiles", "MAX_FILE_BYTES", "check_keys",
     "read_document", "read_text", "suggest", "Spec", "parse_quantity", "config_from", "load_spec", "pipeline_shape",
+    "stated_data_parallel",
     "EMITTERS", "EXCLUSIVE", "RUNS", "restrict", "emit", "is_config", "mtp_layers", "window_tokens", "analytic", "read_settings",
 ]

@@ -214,7 +214,10 @@ def test_emit_interleaved_writes_the_even_split_when_it_simulates_faster(capsys,
              "--micro-batches", "64", "--dp", "4", "--interleave", "2", "--quiet"]
     assert main(["best", *flags, "--score", "1f1b", "--emit", "megatron", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["even_split"] is True and out["results"][0]["counts"] == [11] + [10] * 6 + [11]
+    even = out["even_split"]  # the object best gives, and the emitted plan is that split
+    assert even["counts"] == out["results"][0]["counts"] == [11] + [10] * 6 + [11] and out["exact"] is False
+    assert even["iteration_time_simulated"] == out["results"][0]["iteration_time_simulated"]
+    assert even["iteration_time_s"] == pytest.approx(out["results"][0]["iteration_time_s"], rel=1e-12)
     text = out["settings"]["text"]
     assert '--pipeline-model-parallel-layout "Et*10|t*10|t*10|t*10|t*10|t*10|t*10|t*10L"' in text
     assert "emitted: the even split" in text
@@ -656,3 +659,42 @@ def test_an_interleaved_records_1f1b_time_is_its_score_or_the_exact_closed_form(
         exact = float(((2 * m - 1) * max(times) + sum(times)) / 2)
         assert r["iteration_time_1f1b"] == (r["score"] if score == "1f1b" else exact)
         assert abs(r["iteration_time_1f1b"] - exact) <= 2 * np.spacing(exact)
+
+
+def test_emitted_plans_carry_their_simulated_time(capsys):
+    """--emit's records have iteration_time_simulated like best's: for a plain pipeline whose
+    constrained plan is best's, the two are equal."""
+    from gpuknap.cli import main
+
+    flags = [os.path.join(EXAMPLES, "llama2_7b_config.json"), "--capacity", "80GiB", "--stages", "8",
+             "--micro-batches", "32", "--seq", "4096", "--tp", "8", "--dp", "1", "--quiet", "--json"]
+    assert main(["best", *flags, "--emit", "megatron"]) == 0
+    emitted = json.loads(capsys.readouterr().out)["results"][0]
+    assert main(["best", *flags]) == 0
+    best = json.loads(capsys.readouterr().out)["results"][0]
+    assert emitted["counts"] == best["counts"] and emitted["iteration_time_simulated"] == best[
+        "iteration_time_simulated"]
+
+
+def test_megatron_settings_read_back_with_the_specs_own_data_parallel_size(capsys, tmp_path):
+    """llama2_70b.json's preset trains with DP 8; its Megatron block (which cannot say DP) read
+    back without --dp takes the spec's 8, so the micro-batches and the run are the plan's (it took
+    DP 1 for the micro-batches and 8 for the GPUs, 7.4x slower); --dp still decides."""
+    from gpuknap.cli import main
+
+    spec = os.path.join(EXAMPLES, "llama2_70b.json")
+    assert main(["best", spec, "--quiet", "--json"]) == 0
+    best = json.loads(capsys.readouterr().out)
+    assert main(["best", spec, "--quiet", "--emit", "megatron"]) == 0
+    path = tmp_path / "run.sh"
+    path.write_text(capsys.readouterr().out)
+    assert main(["rank", spec, "--from", str(path), "--json"]) == 0
+    captured = capsys.readouterr()
+    back = json.loads(captured.out)
+    assert back["micro_batches"] == best["micro_batches"] == 64
+    assert back["best"]["counts"] == best["results"][0]["counts"]
+    assert back["best"]["iteration_time_s"] == pytest.approx(best["results"][0]["iteration_time_s"], rel=1e-12)
+    said = [line for line in captured.err.splitlines() if "data-parallel size" in line]
+    assert len(said) == 1 and "the spec's 8 is used" in said[0]
+    assert main(["rank", spec, "--from", str(path), "--dp", "2", "--json", "--quiet"]) in (0, 1)  # less sharding
+    assert json.loads(capsys.readouterr().out)["micro_batches"] == 2048 // (4 * 2)
