@@ -77,6 +77,14 @@ class Backend:
     def uses_tables(self) -> bool:
         return self.mode in ("tables", "cuda")
 
+    @property
+    def options_per_cell(self) -> int:
+        """Useful options a cell's work limit counts one cell for (:func:`._work.option_weight`):
+        NumPy's pass streams every option's temporaries, so a cell costs about options / 4 of
+        one at the limit's 4 options; the compiled passes loop options over a cached tile (8.6-13.8x
+        NumPy's rate at 64 options, docs/benchmarks.md), about options / 32."""
+        return 32 if self.mode in ("fused", "cuda") else 4
+
     def fused(self, work: Any = 0) -> Any:
         """The compiled CPU pass's module for a batch of ``work`` (cells x options, or a
         function giving it, called only when it decides), or None when the batch takes
@@ -118,10 +126,11 @@ class Backend:
             if pool is not None:  # blocks CuPy's pool keeps from earlier batches are ours to reuse
                 free += pool().free_bytes()
             return int(free * GPU_FREE_SHARE)
-        return min(CPU_DEFAULT_CAP, _available_host_bytes() // 4)
+        return min(CPU_DEFAULT_CAP, available_host_bytes() // 4)
 
 
-def _available_host_bytes() -> int:
+def available_host_bytes() -> int:
+    """Memory the machine has available now (MemAvailable), in bytes."""
     try:
         with open("/proc/meminfo") as fh:
             for line in fh:

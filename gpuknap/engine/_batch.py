@@ -17,7 +17,7 @@ import numpy as np
 
 from ._options import FrontTable
 from ._passes import Segment, option_tables
-from ._work import bucket_factor, format_bytes
+from ._work import OPTIONS_PER_CELL, bucket_factor, format_bytes
 
 #: Most passes a cut at the cache target may compute again, as a share of the chunk before it.
 RECOMPUTE_SHARE = 0.25
@@ -60,6 +60,13 @@ class Chunk:
     def cells(self) -> int:
         """Cell updates the chunk performs (rows x width summed over levels)."""
         return sum(lv.rows * lv.width for lv in self.levels)
+
+    def counted(self, per_cell: int = OPTIONS_PER_CELL) -> int:
+        """The chunk's work as the limit counts it: :attr:`cells`, a step of more than
+        ``per_cell`` useful options counting ``options / per_cell`` cells a cell."""
+        weighted = sum((seg.stop - seg.start) * lv.width * max(len(seg.weights), per_cell)
+                       for lv in self.levels for seg in lv.segments)
+        return -(-weighted // per_cell)
 
     @property
     def work(self) -> int:

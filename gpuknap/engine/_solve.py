@@ -89,8 +89,9 @@ def solve_knapsacks(problems: Sequence[Knapsack], table: FrontTable, backend: Ba
         check_work(0, table.bucket, what, passes=deepest)
     chunks = [build_chunk(entries, table)
               for entries in plan_chunks(problems, limit, table.bucket, backend.chunk_bytes(limit))]
-    total = sum(chunk.cells for chunk in chunks)
-    check_work(total, table.bucket, what, passes=sum(len(chunk.levels) for chunk in chunks))
+    total = sum(chunk.cells for chunk in chunks)  # progress counts cells; the limit weighs wide option sets
+    check_work(sum(chunk.counted(backend.options_per_cell) for chunk in chunks), table.bucket, what,
+               passes=sum(len(chunk.levels) for chunk in chunks))
     widest = max(chunk.root_width for chunk in chunks)
     if backend.uses_tables and widest > MAX_TABLE_WIDTH:
         raise ValueError(f"a stage of {widest:,} buckets is wider than the {backend.name} pass's 32-bit option "

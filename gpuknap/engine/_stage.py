@@ -27,7 +27,7 @@ from ._problem import (
     zeros_row,
 )
 from ._results import Assignment, PipelineChoice, Stage, StageChoice
-from ._work import STEP_CELLS, bucket_factor, check_work, format_bytes, max_cells
+from ._work import STEP_CELLS, bucket_factor, check_work, format_bytes, max_cells, option_weight
 
 Fronts = Mapping[Hashable, Sequence[Any]]
 
@@ -104,7 +104,7 @@ def _pass_recording(row: np.ndarray, front: Front, width: int, choice: np.ndarra
     return out
 
 
-def _stride(steps: int, width: int, n_options: int, bucket: float) -> tuple[int, Any]:
+def _stride(steps: int, width: int, n_options: int, bucket: float, weight: float = 1.0) -> tuple[int, Any]:
     """``(layers per block, choice dtype)`` for a traceback within :func:`table_limit`.
 
     Block length 0: every DP row fits, and the traceback reads them.  Otherwise
@@ -113,7 +113,7 @@ def _stride(steps: int, width: int, n_options: int, bucket: float) -> tuple[int,
     (8 bytes a cell) before each block; blocks other than the last are
     recomputed from their checkpoint.  One block when everything fits; else the
     block length needing the least memory.  Refuses what still does not fit, or
-    more passes than the work limit."""
+    more passes than the work limit (``weight``: the steps' mean :func:`option_weight`)."""
     dtype = np.uint8 if n_options <= 2**8 else np.uint16 if n_options <= 2**16 else np.uint32
     cell = np.dtype(dtype).itemsize
 
@@ -121,13 +121,13 @@ def _stride(steps: int, width: int, n_options: int, bucket: float) -> tuple[int,
         return (-(-steps // stride) + 3) * 8 * width + stride * cell * width
 
     if (steps + 1) * 8 * width <= table_limit():  # every row kept: no choices recorded
-        _guard(0, steps * width, bucket, "this stage", width, steps)
+        _guard(0, math.ceil(steps * width * weight), bucket, "this stage", width, steps)
         return 0, dtype
     if need(max(steps, 1)) <= table_limit():
-        _guard(0, steps * width, bucket, "this stage", width, steps)
+        _guard(0, math.ceil(steps * width * weight), bucket, "this stage", width, steps)
         return max(steps, 1), dtype
     stride = min(range(1, min(max(steps, 1), 2**16) + 1), key=need)  # best near sqrt(8 x layers)
-    _guard(need(stride), 2 * steps * width, bucket, "this stage", width, 2 * steps)
+    _guard(need(stride), math.ceil(2 * steps * width * weight), bucket, "this stage", width, 2 * steps)
     return stride, dtype
 
 
@@ -143,7 +143,8 @@ def _choose(table: FrontTable, groups: tuple, budget: float) -> StageChoice | No
         return _assemble(groups, fronts, counts, how.time)
     capacity = how.capacity
     width, n = capacity + 1, sum(g.count for g in groups)
-    stride, dtype = _stride(n, width, max(len(f.options) for f in fronts), table.bucket)  # refuses first
+    weight = sum(g.count * option_weight(len(f.options)) for g, f in zip(groups, fronts)) / max(n, 1)
+    stride, dtype = _stride(n, width, max(len(f.options) for f in fronts), table.bucket, weight)  # refuses first
     steps = [(gi, f) for gi, (g, f) in enumerate(zip(groups, fronts)) for _ in range(g.count)]
     if stride == 0:
         return _choose_kept_rows(groups, fronts, steps, width, capacity)
@@ -252,7 +253,8 @@ def least_times(groups: Sequence[Layers], fronts: Fronts, budget: float, bucket:
     if budget >= 0:
         width = buckets_down(budget, table.bucket, cap=buckets_down(fastest_bytes, table.bucket)) + 1
         steps = sum(n for _, n in problem.runs)
-        _guard(2 * 8 * width, width * steps, table.bucket, "this stage's times within each budget", width, steps)
+        cells = math.ceil(width * sum(n * option_weight(len(table.get(*key).options)) for key, n in problem.runs))
+        _guard(2 * 8 * width, cells, table.bucket, "this stage's times within each budget", width, steps)
         row = zeros_row(width)
         for (key, n) in problem.runs:
             f = table.get(*key)
@@ -297,7 +299,8 @@ def suffix_times(layers: Sequence[Layers], fronts: Fronts, budgets: Sequence[flo
     out = [math.inf] * len(budgets)
     if width <= 0:
         return out
-    _guard(2 * 8 * width, width * len(layers), table.bucket, "this stage's suffix times", width, len(layers))
+    cells = math.ceil(width * sum(option_weight(len(f.options)) for f in fronts_))
+    _guard(2 * 8 * width, cells, table.bucket, "this stage's suffix times", width, len(layers))
     row = zeros_row(width)
     if caps[-1] >= 0:
         out[-1] = 0.0

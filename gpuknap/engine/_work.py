@@ -2,7 +2,9 @@
 
 The DP's work is counted in *cells*: one cell is one bucket of one DP row
 after one layer step (each cell costs one addition per useful option and a
-minimum).  The engine counts the cells of a whole batch after packing it and
+minimum; a step of more than :data:`OPTIONS_PER_CELL` useful options counts
+``options / 4`` cells a cell on NumPy, ``options / 32`` on the compiled passes, and
+every pass its set-up).  The engine counts the cells of a whole batch after packing it and
 before any pass runs, and refuses a batch over the limit with the count and
 what to change; the single-stage solvers do the same.  The limit is
 :data:`DEFAULT_MAX_CELLS` (about a minute of NumPy on a 2-core machine, at most) and
@@ -27,6 +29,11 @@ import numpy as np
 DEFAULT_MAX_CELLS = 10_000_000_000
 #: Most splits ``best_splits`` returns in one call.
 MAX_TOP = 1000
+
+#: Useful options a cell's work is counted for on NumPy: a layer step with more counts ``options / 4``
+#: cells a cell (the limit's minute was measured at 4 options; a cell costs one addition per option).
+#: The compiled passes count ``options / 32`` (``Backend.options_per_cell``).
+OPTIONS_PER_CELL = 4
 
 #: What one DP pass costs besides its cells, counted in cells (a cell is about 6 ns of NumPy on a
 #: 2-core machine): a level of the batched engine (its Python, plan and uploads; about 40 us
@@ -65,6 +72,11 @@ def work_limit(cells: int) -> Iterator[None]:
         yield
     finally:
         _max_cells.reset(token)
+
+
+def option_weight(options: int) -> float:
+    """How many cells one cell of a layer step with ``options`` useful options counts as."""
+    return max(options, OPTIONS_PER_CELL) / OPTIONS_PER_CELL
 
 
 def bucket_factor(ratio: float, width: int | None = None) -> int:

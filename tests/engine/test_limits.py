@@ -115,3 +115,37 @@ def test_huge_layer_counts_are_answered_or_refused_before_any_pass():
         with work_limit(5_000):  # suffix_times: 3 steps of set-up, over this limit
             with pytest.raises(WorkTooLarge, match="DP passes over its layers.*a larger bucket does not change"):
                 solve()
+
+
+
+def _spread(n: int) -> dict:
+    """``n`` useful options over the same 0-1000 bytes (the same DP widths whatever ``n``)."""
+    return {"a": [LayerOption(f"o{j}", float(round(j * 1000 / (n - 1))), 1.0, float(2 * n - j)) for j in range(n)]}
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+def test_a_cell_of_many_options_counts_for_more_than_one(backend):
+    """A cell costs one addition per option: past 4 options (NumPy) or 32 (the compiled passes)
+    a layer step's cells count options / 4 (or / 32) each, so a red team's 10,000 options per
+    layer are refused instead of running for minutes.  Same widths, 4 x the options past the
+    threshold: 4 x the cells; the set-up of the 6 passes is the same."""
+    from gpuknap.engine import counting, get_backend
+
+    try:
+        per = get_backend(backend).options_per_cell
+    except ValueError:
+        pytest.skip(f"{backend} is not installed")
+    spent = []
+    for n in (4, 4 * per):
+        with counting() as cells:
+            rank([[Stage([Layers("a", 6)], 3000.0)]], _spread(n), 1.0, backend=backend)
+        spent.append(cells[0] - 6 * 8_000)
+    assert spent[1] == 4 * spent[0] > 0
+    with work_limit(spent[1] + 6 * 8_000 - 1), pytest.raises(WorkTooLarge, match="bucket of at least"):
+        rank([[Stage([Layers("a", 6)], 3000.0)]], _spread(4 * per), 1.0, backend=backend)
+    single = []  # the single-stage solvers run NumPy: options / 4
+    for n in (4, 16):
+        with counting() as cells:
+            choose([Layers("a", 6)], _spread(n), 3000.0, 1.0)
+        single.append(cells[0] - 6 * 2_000)
+    assert single[1] == 4 * single[0] > 0

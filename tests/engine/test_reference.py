@@ -171,7 +171,7 @@ def test_every_path_reports_within_the_budget(case):
     groups, fr, budget, bucket = case
     c = choose(groups, fr, budget, bucket)
     old = stage_mod._stride
-    stage_mod._stride = lambda steps, width, n_options, bucket: (min(2, steps), np.uint8)
+    stage_mod._stride = lambda steps, width, n_options, bucket, weight=1.0: (min(2, steps), np.uint8)
     try:
         assert choose(groups, fr, budget, bucket) == c
     finally:

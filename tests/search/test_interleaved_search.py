@@ -358,7 +358,7 @@ def test_even_candidate_is_megatron_even_split_unless_found_or_impossible():
     on the last virtual stages, the embedding first and the output last."""
     from gpuknap.search import even_candidate
 
-    opt = LayerOption(1.0, 1.0, 0.0, "NONE")
+    opt = LayerOption("NONE", 1.0, 1.0, 0.0)  # (a model now checks its options when built)
     for body in (5, 7, 12):
         kinds = ["embedding"] + ["dense"] * body + ["output"]
         model = PipelineModel(kinds, {"embedding": [opt], "dense": [opt], "output": [opt]},
