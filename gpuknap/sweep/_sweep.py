@@ -105,6 +105,11 @@ def _grid_with(grid: Any, scalars: dict) -> Any:
     return out
 
 
+#: Configurations run together in process (their jobs, each a few MB, held until the batch ends;
+#: a red team's 2,880-configuration sweep held 9.2 GB at once), and batches sent to a cluster at once.
+BATCH, CLUSTER_BATCHES = 128, 16
+
+
 def sweep(source: Any, grid: Mapping, *, gpus: int, global_batch: int, score: str = "1f1b",
           top: int | None = None, top_splits: int = 1, backend: Any = "auto", scheduler: Any = None,
           capacity: Any = None, reserved: Any = None, seq: Any = None, bucket: Any = None,
@@ -168,9 +173,15 @@ def sweep(source: Any, grid: Mapping, *, gpus: int, global_batch: int, score: st
     with (Cluster(scheduler) if scheduler is not None else contextlib.nullcontext()) as cluster:
 
         def run(chunk: list) -> tuple[list, list]:
-            if cluster is None:
-                return run_configs(chunk, builder, **kwargs)
-            return cluster(run_configs, chunk, builder, kwargs, shards)
+            rows, bad = [], []
+            step = BATCH if cluster is None else BATCH * CLUSTER_BATCHES
+            for lo in range(0, len(chunk), step):  # each batch's jobs (models, plans) freed before the next
+                part = chunk[lo:lo + step]
+                got = run_configs(part, builder, **kwargs) if cluster is None else cluster(
+                    run_configs, part, builder, kwargs, shards)
+                rows += got[0]
+                bad += got[1]
+            return rows, bad
 
         if top is None:
             rows, bad = run(configs)

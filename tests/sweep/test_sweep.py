@@ -333,3 +333,18 @@ def test_every_row_has_the_same_keys_and_the_footer_names_what_happened():
     row = {**fit[0], "exact": False, "even_split": True, "config": fit[0]["config"]}
     shown = table(SimpleNamespace(rows=[row], searched=1, top=None, pruned=0, unfit=0, skipped=[]))
     assert "(Megatron's even split)" in shown and "local search" not in shown
+
+
+def test_every_row_runs_in_batches_with_the_same_rows(monkeypatch):
+    """A sweep of every row runs its configurations a batch at a time, so their jobs are not all
+    held at once (a red team's 2,880 configurations held 9.2 GB); the rows do not change."""
+    from gpuknap.sweep import _sweep as sweep_mod
+
+    grid = {"stages": [1, 2, 4], "tensor_parallel": [2, 4, 8], "micro_batch_size": [1, 2], "interleave": [1, 2]}
+    whole = sweep(LLAMA, grid, gpus=32, global_batch=64, backend="numpy", bucket=16 * MIB)
+    sizes, real = [], sweep_mod.run_configs
+    monkeypatch.setattr(sweep_mod, "run_configs", lambda part, *a, **k: sizes.append(len(part)) or real(part, *a, **k))
+    monkeypatch.setattr(sweep_mod, "BATCH", 3)
+    batched = sweep(LLAMA, grid, gpus=32, global_batch=64, backend="numpy", bucket=16 * MIB)
+    assert len(sizes) > 2 and max(sizes) <= 3
+    assert json.dumps(batched.rows) == json.dumps(whole.rows) and batched.skipped == whole.skipped
