@@ -13,9 +13,10 @@ import numpy as np
 from .. import formats, schedule
 from .._version import __version__
 from ..costs import pipeline_send
-from ..engine import WorkTooLarge, counting, get_backend, max_cells, pp_lite, work_limit
+from ..engine import (WorkTooLarge, available_host_bytes, counting, format_bytes, get_backend, max_cells, pp_lite,
+                      work_limit)
 from ..formats import Spec, load_spec, pipeline_shape
-from ..formats.splitfiles import distinct_rows, read_splits, write_scores
+from ..formats.splitfiles import distinct_rows, rank_bytes, read_splits, write_scores
 from ..search import one_body_kind
 from ..search import best_splits, coverage, even_candidate
 from ._flags import EXIT_OK, plural
@@ -229,6 +230,11 @@ def cmd_rank(args: argparse.Namespace) -> int:
     sf = read_splits(args.splits)
     splits = sf.counts
     width = splits.shape[1]
+    need, free = rank_bytes(len(splits), width), available_host_bytes()
+    if need > free:  # before the 64-bit copy and the hashing, which would run out of memory part way
+        raise BadInput(f"{sf.path}: ranking {len(splits):,} splits of {width} counts needs about "
+                       f"{format_bytes(need)} of memory, over the {format_bytes(free)} available here; rank the "
+                       "file in parts (or its distinct rows)")
     spec = _spec_for_counts(args, width, None, sf.where(0))  # the splits' stage count, as timeline's --counts
     if spec.stages is not None and width != spec.stages * spec.chunks:
         need = f"{spec.stages} stages" + (f" x {spec.chunks} chunks" if spec.chunks > 1 else "")

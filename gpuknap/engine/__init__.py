@@ -10,7 +10,8 @@ progress hook every long call goes through.  It imports nothing else of
 gpuknap: everything above (search, schedule, costs, formats, sweep, cli)
 builds on it.
 """
-from ._backend import BACKENDS, Backend, BackendUnavailable, cupy_available, get_backend, numba_available
+from ._backend import (BACKENDS, Backend, BackendUnavailable, available_host_bytes, cupy_available, get_backend,
+                       numba_available)
 from ._options import (
                        MAX_BYTES,
                        MAX_TIME,
@@ -58,7 +59,8 @@ from ._work import (
 )
 
 __all__ = [
-    "BACKENDS", "Backend", "BackendUnavailable", "cupy_available", "get_backend", "numba_available",
+    "BACKENDS", "available_host_bytes", "Backend", "BackendUnavailable", "cupy_available", "get_backend",
+    "numba_available",
     "MAX_BYTES", "MAX_TIME", "MEGABYTE", "Front", "FrontTable", "LayerOption", "Layers", "buckets_down",
     "FrozenMap", "buckets_up", "check_bucket", "check_groups", "check_int", "check_number", "option_times",
     "own_fronts", "short",

@@ -95,6 +95,17 @@ def read_splits(path: str) -> SplitsFile:
     return SplitsFile(path, counts, lines)
 
 
+#: Bytes ranking a splits file holds per row besides its counts: the 64-bit copy of its counts and the
+#: distinct rows (8 bytes a count each, the worst case), hashes, sort and inverse indices, scores and
+#: the ranking's codes (:func:`rank_bytes`).
+ROW_BYTES, COUNT_BYTES = 48, 20
+
+
+def rank_bytes(rows: int, counts: int) -> int:
+    """Memory that ranking ``rows`` splits of ``counts`` counts each holds at its peak, about."""
+    return rows * (ROW_BYTES + COUNT_BYTES * counts)
+
+
 def distinct_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(distinct, inverse)``: the distinct rows of an integer array in the order they first
     appear, and for each row its index among them (``distinct[inverse]`` is ``rows``).  Rows are
@@ -105,10 +116,13 @@ def distinct_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if rows.ndim != 2 or len(rows) == 0:
         raise ValueError(f"expected a 2-D array of rows, got shape {rows.shape}")
     weights = np.random.default_rng(0x5EED).integers(1, 2**63, rows.shape[1], dtype=np.uint64) | np.uint64(1)
-    keys = (rows.astype(np.uint64) * weights).sum(axis=1, dtype=np.uint64)  # modulo 2**64
+    step = 1 << 16  # hashed and checked in slices: no 64-bit copy of a large file
+    keys = np.empty(len(rows), dtype=np.uint64)
+    for lo in range(0, len(rows), step):
+        keys[lo:lo + step] = (rows[lo:lo + step].astype(np.uint64) * weights).sum(axis=1, dtype=np.uint64)
     _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    del keys
     inverse = np.asarray(inverse).reshape(-1)
-    step = 1 << 16  # checked in slices: no second copy of a large file
     if not all(np.array_equal(rows[first[inverse[lo:lo + step]]], rows[lo:lo + step])
                for lo in range(0, len(rows), step)):  # a hash shared by two different rows
         distinct, inverse = np.unique(rows, axis=0, return_inverse=True)

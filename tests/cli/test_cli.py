@@ -698,3 +698,22 @@ def test_megatron_settings_read_back_with_the_specs_own_data_parallel_size(capsy
     assert len(said) == 1 and "the spec's 8 is used" in said[0]
     assert main(["rank", spec, "--from", str(path), "--dp", "2", "--json", "--quiet"]) in (0, 1)  # less sharding
     assert json.loads(capsys.readouterr().out)["micro_batches"] == 2048 // (4 * 2)
+
+
+def test_a_splits_file_too_large_for_the_memory_is_refused_before_it_is_ranked(capsys, tmp_path, monkeypatch):
+    """rank --splits estimates the memory ranking the file holds (the 64-bit counts, hashes, scores
+    and codes) and refuses, in one line, what the machine does not have (a red team's 100 million
+    int8 rows, inside the 2 GiB file limit, ran out of memory part way)."""
+    from gpuknap.cli import _commands, main
+    from gpuknap.formats.splitfiles import rank_bytes
+
+    splits = np.array([[49, 49], [48, 50], [50, 48]] * 100, dtype=np.int8)
+    np.save(tmp_path / "s.npy", splits)
+    argv = ["rank", DEMO, "--splits", str(tmp_path / "s.npy"), "--quiet"]
+    monkeypatch.setattr(_commands, "available_host_bytes", lambda: rank_bytes(300, 2) - 1)
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "300 splits of 2 counts" in err[0] and "rank the file in parts" in err[0], err
+    monkeypatch.setattr(_commands, "available_host_bytes", lambda: rank_bytes(300, 2))
+    assert main(argv) in (0, 1)  # ranked (2 stages of the demo may not fit: exit 1)
+    assert "memory" not in capsys.readouterr().err
