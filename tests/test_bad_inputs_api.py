@@ -222,6 +222,18 @@ api("choose bound 'yes'", lambda: choose([Layers("a", 1)], _OPT, 1e12, bound="ye
 api("load_spec stages 99 of 98 layers", lambda: load_spec(DEMO, stages=99), "stages", "98 layers")
 
 
+def _varied(n: int) -> PipelineModel:
+    """``n`` layers, each its own kind (a red team's model: every segment a problem of many kinds)."""
+    option = [LayerOption("a", 10.0, 1.0, 2.0)]
+    return PipelineModel([f"k{i}" for i in range(n)], {f"k{i}": option for i in range(n)},
+                         {f"k{i}": 1.0 for i in range(n)}, 1e12, 8)
+
+
+api("600 layers of 600 kinds on 4 stages", lambda: best_splits(_varied(600), 4, backend="numpy"),
+    "600 kinds", "merge kinds")
+api("3,000 layers of 3,000 kinds", lambda: best_splits(_varied(3000), 4, backend="numpy"), "too varied")
+
+
 def test_the_api_table_is_large():
     assert len(API) >= 150 and len({name for name, _, _ in API}) == len(API)
 

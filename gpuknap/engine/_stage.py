@@ -254,7 +254,8 @@ def least_times(groups: Sequence[Layers], fronts: Fronts, budget: float, bucket:
         width = buckets_down(budget, table.bucket, cap=buckets_down(fastest_bytes, table.bucket)) + 1
         steps = sum(n for _, n in problem.runs)
         cells = math.ceil(width * sum(n * option_weight(len(table.get(*key).options)) for key, n in problem.runs))
-        _guard(2 * 8 * width, cells, table.bucket, "this stage's times within each budget", width, steps)
+        # the row, the pass's output and its scratch row
+        _guard(3 * 8 * width, cells, table.bucket, "this stage's times within each budget", width, steps)
         row = zeros_row(width)
         for (key, n) in problem.runs:
             f = table.get(*key)
@@ -300,7 +301,7 @@ def suffix_times(layers: Sequence[Layers], fronts: Fronts, budgets: Sequence[flo
     if width <= 0:
         return out
     cells = math.ceil(width * sum(option_weight(len(f.options)) for f in fronts_))
-    _guard(2 * 8 * width, cells, table.bucket, "this stage's suffix times", width, len(layers))
+    _guard(3 * 8 * width, cells, table.bucket, "this stage's suffix times", width, len(layers))
     row = zeros_row(width)
     if caps[-1] >= 0:
         out[-1] = 0.0

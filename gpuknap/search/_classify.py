@@ -31,8 +31,9 @@ from ..engine import StageProblem
 
 #: Segments classified per block (bounds the rows held at once).
 BLOCK_CELLS = 2**24
-#: Largest per-layer kind table (layers x distinct kinds).
-MAX_TABLE = 2**26
+#: Largest per-layer kind table (layers x distinct kinds): its tables and their sort hold about 60
+#: bytes an entry at once (a red team's 8,000 layers of 8,000 kinds, 2**26 entries, took 4 GB).
+MAX_TABLE = 2**23
 
 
 def kind_counts(kinds: Sequence[Hashable]) -> tuple:

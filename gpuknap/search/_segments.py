@@ -37,6 +37,9 @@ def segment_times(model: Any, stage_in_flight: np.ndarray, seg_stage: np.ndarray
 
 #: Most segments an exhaustive search enumerates (each is a stage problem to classify).
 MAX_SEGMENTS = 20_000_000
+#: Most segments x distinct kinds: a segment's problem is keyed by every kind's count (a red team's
+#: 600 layers of 600 kinds on 4 stages, 4e8 of them, ran past 100 s and 7 GB).
+MAX_SEGMENT_KINDS = 100_000_000
 
 
 class SegmentTable:
@@ -294,6 +297,11 @@ def plan_segments(model: Any, stages: int, fronts: FrontTable, in_flight: Any = 
         raise ValueError(
             f"an exhaustive search of {stages} stages over {n} layers would classify up to {total:,} segments "
             f"(over {MAX_SEGMENTS:,}); rank candidate splits with model.rank instead")
+    if total * index.n_kinds > MAX_SEGMENT_KINDS:  # each distinct problem's key holds every kind's count
+        raise ValueError(
+            f"an exhaustive search of {stages} stages over {n} layers of {index.n_kinds:,} kinds would classify "
+            f"up to {total:,} segments of {index.n_kinds:,} kind counts each (over {MAX_SEGMENT_KINDS:,}); merge "
+            "kinds that share options, or rank candidate splits with model.rank instead")
     report("segments", 0, total)
     seg_s, seg_a, j = each_segment(rooms)
     ids, problems = classify(model, index, np.asarray(inflight, dtype=np.int64)[seg_s], seg_a, seg_a + 1 + j)
