@@ -10,7 +10,9 @@ start that does not fit is moved towards one that does.  Moves:
 
 - one boundary between adjacent segments by one or two layers, or two
   boundaries by one layer each;
-- one layer from any segment to any other (the segments between shift by one).
+- one layer from any segment to any other (the segments between shift by one);
+  with many segments (over 82), the two ends of a move at most :func:`reach`
+  segments apart, so a split's moves stay under :data:`MAX_MOVES`.
 
 All the moves of a split are scored in one batch (``model.rank``), and the best
 improving one is taken until none improves.  Then deterministic kicks (three
@@ -36,6 +38,9 @@ SPREAD = 4
 RESTARTS = 40
 #: Most descent steps per start.
 MAX_STEPS = 10_000
+#: Most rows the moves of one split make (a split of 256 segments has 200,000 moves otherwise, and
+#: scoring them took 70 s and 3.8 GB); past it a move's two ends are at most :func:`reach` apart.
+MAX_MOVES = 20_000
 #: Splits scored before the search stops (large models: the moves of a split are many).
 MAX_SCORED = 6_000
 
@@ -68,20 +73,30 @@ def overflow_rows(model: Any, rows: np.ndarray, chunks: int, in_flight: Any) -> 
     return np.maximum(load - room, 0.0).sum(axis=1)
 
 
+def reach(k: int) -> int:
+    """How far apart (in segments) the two ends of a move may be among ``k`` segments: all of
+    them while every move of a split makes at most :data:`MAX_MOVES` rows, else the nearest."""
+    if 4 * (k - 1) + 2 * (k - 1) * (k - 2) + k * (k - 1) <= MAX_MOVES:
+        return k
+    return max(1, (MAX_MOVES - 4 * (k - 1)) // (6 * k))
+
+
 def _moves(counts: tuple) -> list[tuple]:
-    """Every split one move away (see the module docstring)."""
+    """Every split one move away (see the module docstring), the two ends of a move at most
+    :func:`reach` segments apart."""
     k = len(counts)
+    r = reach(k)
     out = set()
     row = list(counts)
     for i in range(k - 1):
         for d in (1, -1, 2, -2):
             out.add(_shifted(row, ((i, d),)))
-        for j in range(i + 1, k - 1):
+        for j in range(i + 1, min(k - 1, i + 1 + r)):
             for d in (1, -1):
                 for e in (1, -1):
                     out.add(_shifted(row, ((i, d), (j, e))))
     for i in range(k):
-        for j in range(k):
+        for j in range(max(0, i - r), min(k, i + r + 1)):
             if i != j and row[i] > 1:
                 moved = list(row)
                 moved[i] -= 1
