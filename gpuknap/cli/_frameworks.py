@@ -207,6 +207,11 @@ def _window_notes(config: int | None, read: int | None, cp: int) -> list[str]:
     return [f"costed as the settings run attention: {theirs}, not the config's {ours}"]
 
 
+#: What every note on a Megatron file's data-parallel size starts with.
+NO_DP = ("these Megatron settings do not give the data-parallel size (Megatron takes it from the world size, "
+         "world / (TP x CP x PP))")
+
+
 def rank_settings(args: argparse.Namespace, make_spec: Callable[..., Any], emit: Callable[[dict, str], None],
                   header: Callable[[Any], dict]) -> int:
     """``rank --from FILE``: score a framework's settings on the model, built as they run it."""
@@ -229,15 +234,12 @@ def rank_settings(args: argparse.Namespace, make_spec: Callable[..., Any], emit:
         stated = formats.stated_data_parallel(args.spec) if unsaid else None
         if stated is not None:  # a spec's transformer section (or its preset) gives it: the plan was made so
             args.dp = stated
-            note(f"these Megatron settings do not give the data-parallel size (Megatron takes it from the world "
-                 f"size, world / (TP x CP x PP)): the spec's {stated} is used, as its plans were made; give --dp "
-                 "for another")
+            note(f"{NO_DP}: the spec's {stated} is used, as its plans were made; give --dp for another")
         extra = _merge(args, settings, source)
         spec = make_spec(args, **extra, **({"note_dp": False} if unsaid else {}))
         if unsaid and stated is None and spec.kind == "config":
-            note("these Megatron settings do not give the data-parallel size (Megatron takes it from the world size, "
-                 "world / (TP x CP x PP)): DP 1 assumed, so the optimizer state is not sharded and no gradients are "
-                 "reduced; give --dp")
+            note(f"{NO_DP}: DP 1 assumed, so the optimizer state is not sharded and no gradients are reduced; "
+                 "give --dp")
         if run.get("distributed_optimizer") is False and spec.model.costs.training.shards() > 1:
             raise _bad("the settings run without the distributed optimizer, and gpuknap's cost model shards the "
                        "optimizer over data-parallel ranks", source)

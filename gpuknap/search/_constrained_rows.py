@@ -128,7 +128,7 @@ def _budget(model: Any, s: int, p: int, v: int, row: list, table: list) -> float
         i = c * p + s
         a = 0 if i == 0 else n - count if i == last else 1
         groups += [Layers(kind, k, table[s][c]) for kind, k in kind_counts(model.kinds[a:a + count])]
-    return model.budget_of(groups)
+    return model._budget(groups)
 
 
 class Rows:

@@ -24,6 +24,7 @@ import numpy as np
 
 from ..engine import (
     MEGABYTE,
+    FrozenMap,
     Layers,
     PipelineChoice,
     Planner,
@@ -34,7 +35,6 @@ from ..engine import (
     check_int,
     check_max_bytes,
     check_number,
-    FrozenMap,
     get_backend,
     option_times,
     own_fronts,
@@ -174,6 +174,10 @@ class PipelineModel:
         check_int(in_flight, "in_flight", 1)
         if stop > self.layers:
             raise ValueError(f"stop must be at most the model's {self.layers} layers, got {stop!r}")
+        return self._groups(start, stop, in_flight)
+
+    def _groups(self, start: int, stop: int, in_flight: int) -> list[Layers]:
+        """:meth:`segment_groups` of arguments the search has checked (its hot path)."""
         return [Layers(kind, n, in_flight) for kind, n in kind_counts(self.kinds[start:stop])]
 
     def budget_of(self, groups: Sequence[Layers]) -> float:
@@ -186,6 +190,10 @@ class PipelineModel:
                 known = False
             if not known:
                 raise ValueError(f"groups[{i}].kind {g.kind!r} is not a kind of this model")
+        return self._budget(groups)
+
+    def _budget(self, groups: Sequence[Layers]) -> float:
+        """:meth:`budget_of` of groups the search built (its hot path)."""
         static = 0.0
         for g in groups:
             static += g.count * float(self.static[g.kind])
@@ -205,8 +213,8 @@ class PipelineModel:
             key = tuple((bounds[c * p + s], bounds[c * p + s + 1], table[s][c]) for c in range(chunks))
             stage = cache.get(key)
             if stage is None:  # equal segments share one Stage object (rank dedups objects first)
-                groups = [g for a, b, k in key for g in self.segment_groups(a, b, k)]
-                stage = cache[key] = Stage(groups, self.budget_of(groups))
+                groups = [g for a, b, k in key for g in self._groups(a, b, k)]
+                stage = cache[key] = Stage(groups, self._budget(groups))
             out.append(stage)
         return out
 

@@ -128,8 +128,8 @@ class SegmentSource:
         model, inflight = self.model, [row[0] for row in self.model.in_flight_table(self.stages, 1, self.in_flight)]
 
         def stage_times(s: int, a: int, b: int) -> tuple[float, float]:
-            groups = model.segment_groups(a, b, inflight[s])
-            return stage_forward_backward(model, a, b, self.stage_choice(Stage(groups, model.budget_of(groups))))
+            groups = model._groups(a, b, inflight[s])
+            return stage_forward_backward(model, a, b, self.stage_choice(Stage(groups, model._budget(groups))))
 
         index = kind_index(model)
         low, high = ([f(o.forward_time for o in model.fronts[kind]) for kind in index.kinds] for f in (min, max))

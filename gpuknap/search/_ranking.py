@@ -141,8 +141,8 @@ def rank_interleaved(model: Any, arr: np.ndarray, p: int, chunks: int, table: li
     problems, ids = [], np.empty(len(unique), dtype=np.int64)
     for u, row in enumerate(unique.tolist()):
         s = row[0]
-        groups = [g for c in range(chunks) for g in model.segment_groups(row[1 + 2 * c], row[2 + 2 * c], table[s][c])]
-        problem = canonical(groups, model.budget_of(groups))
+        groups = [g for c in range(chunks) for g in model._groups(row[1 + 2 * c], row[2 + 2 * c], table[s][c])]
+        problem = canonical(groups, model._budget(groups))
         ids[u] = problem_of.setdefault(problem, len(problems))
         if ids[u] == len(problems):
             problems.append(problem)
