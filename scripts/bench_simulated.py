@@ -1,7 +1,7 @@
 """Benchmark (issue 22): the exact search by the simulated 1F1B score against the 1f1b search.
 
 Usage: python scripts/bench_simulated.py [--repeat N] [--max-bytes BYTES] [--stages 8,16,...]
-                                         [--micro-batches 32,64,128] [--markdown]
+                                         [--micro-batches 32,64,128] [--top K] [--markdown]
 
 Model: the Llama-2-70B-like scale model of scripts/_scale.py (80 equal BODY layers,
 embedding HEAD, output TAIL, 4 options from full recompute to none) at a capacity
@@ -12,7 +12,7 @@ every BODY layer's times jittered by up to +-5% (each layer its own kind, seeded
 
 For each (P, M): the ``1f1b`` search and the ``simulated`` search, best of N runs
 each, measured one after the other in the same process (NumPy backend, 1 MiB
-buckets, top 1).  Also: whether the simulated answer is the best of the 1f1b
+buckets, top 1 or ``--top``).  Also: whether the simulated answer is the best of the 1f1b
 search's 200 best splits simulated (a check, not a proof: the search itself is
 exact), how many layers recompute, and the peak memory the Python allocator saw
 during one simulated search (tracemalloc) against ``--max-bytes``.
@@ -67,7 +67,7 @@ def best_of(fn, repeat: int) -> tuple[float, object]:
     return best, out
 
 
-def run(stages: list, micro: list, repeat: int, max_bytes: int) -> list[dict]:
+def run(stages: list, micro: list, repeat: int, max_bytes: int, k: int = 1) -> list[dict]:
     rows = []
     for jitter in (False, True):
         for p in stages:
@@ -75,11 +75,11 @@ def run(stages: list, micro: list, repeat: int, max_bytes: int) -> list[dict]:
                 model = scale_model(80, 4, p, capacity(p), m)
                 if jitter:
                     model = jittered(model, p)
-                t_closed, closed = best_of(lambda: best_splits(model, p, 1, "1f1b", MIB, backend="numpy"), repeat)
-                t_sim, sim = best_of(lambda: best_splits(model, p, 1, "simulated", MIB, backend="numpy",
+                t_closed, closed = best_of(lambda: best_splits(model, p, k, "1f1b", MIB, backend="numpy"), repeat)
+                t_sim, sim = best_of(lambda: best_splits(model, p, k, "simulated", MIB, backend="numpy",
                                                          max_bytes=max_bytes), repeat)
                 tracemalloc.start()
-                best_splits(model, p, 1, "simulated", MIB, backend="numpy", max_bytes=max_bytes)
+                best_splits(model, p, k, "simulated", MIB, backend="numpy", max_bytes=max_bytes)
                 peak = tracemalloc.get_traced_memory()[1]
                 tracemalloc.stop()
                 top = best_splits(model, p, 200, "1f1b", MIB, backend="numpy")
@@ -118,12 +118,13 @@ def main() -> None:
     ap.add_argument("--max-bytes", type=int, default=64 * MIB)
     ap.add_argument("--stages", default="8,16,24,32,40")
     ap.add_argument("--micro-batches", default="32,64,128")
+    ap.add_argument("--top", type=int, default=1, help="splits each search returns (default 1)")
     ap.add_argument("--markdown", action="store_true")
     args = ap.parse_args()
     print(f"# {platform.machine()} {platform.processor() or ''} {os.cpu_count()} CPUs, Python "
           f"{platform.python_version()}, NumPy {np.__version__}, {time.strftime('%Y-%m-%d')}")
     rows = run([int(x) for x in args.stages.split(",")], [int(x) for x in args.micro_batches.split(",")],
-               args.repeat, args.max_bytes)
+               args.repeat, args.max_bytes, args.top)
     if args.markdown:
         print(markdown(rows, args.max_bytes))
 

@@ -68,6 +68,8 @@ EARLY_PASS = LONG_PASS // 10
 FILTER_ROWS = 256
 #: Fewest nodes in a chunk of the walk.
 MIN_CHUNK = 64
+#: Most rows of one-layer moves a first k-th best (top > 1) makes; cells of them bounded at once.
+NEIGHBOUR_ROWS, MOVE_ROWS = 100_000, 2**17
 
 
 def _kth(values: np.ndarray, k: int) -> float:
@@ -141,9 +143,9 @@ def first_bound(B: Bounds, top: int, earlier: np.ndarray | None = None) -> tuple
         low, high = B.simulate(earlier)
         best = int(np.argmin(high))
         moved, lo, hi = _improve(B, earlier[best].copy(), float(low[best]), float(high[best]))
-        if (earlier == moved).all(axis=1).any():
-            return earlier, low, high
-        return np.vstack([earlier, moved[None, :]]), np.append(low, lo), np.append(high, hi)
+        if not (earlier == moved).all(axis=1).any():
+            earlier, low, high = np.vstack([earlier, moved[None, :]]), np.append(low, lo), np.append(high, hi)
+        return _neighbours(B, top, earlier, low, high)
     splits = _beam(B, max(BEAM, 2 * top))
     if not len(splits):
         return splits, np.empty(0), np.empty(0)
@@ -157,6 +159,58 @@ def first_bound(B: Bounds, top: int, earlier: np.ndarray | None = None) -> tuple
     if not (splits == moved).all(axis=1).any():
         splits = np.vstack([splits, moved[None, :]])
         low, high = np.append(low, lo), np.append(high, hi)
+    return _neighbours(B, top, splits, low, high)
+
+
+def _keys(splits: np.ndarray) -> list:
+    """One ``bytes`` key per split (a set of them: the splits seen)."""
+    return np.ascontiguousarray(splits, dtype=np.int64).view(np.dtype((np.void, 8 * splits.shape[1]))).ravel().tolist()
+
+
+def _neighbours(B: Bounds, top: int, splits: np.ndarray, low: np.ndarray,
+                high: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``splits`` (distinct, with their ``(low, high)`` times) and, for ``top`` > 1, splits a
+    layer or a few away from their best, with their times: one by one, the best split not
+    moved yet among the ``top`` best has one layer moved from any stage to any other, until
+    every one of the ``top`` best has been moved or ``NEIGHBOUR_ROWS`` rows were made.  Rows
+    whose quick bound is above the k-th best so far are not simulated; they are bounded and
+    simulated ``MOVE_ROWS`` cells at a time.
+
+    The beam and its moves find the best split; the next best are mostly a few moves from it
+    (on a long pipeline of short stages: some stages a layer longer, others a layer shorter),
+    and a k-th best near the answer keeps the search's cuts near it."""
+    if top < 2 or not len(splits):
+        return splits, low, high
+    p, width = B.T.p, B.T.width
+    give, take = np.nonzero(~np.eye(p, dtype=bool))
+    at = np.arange(len(give))
+    seen, moved = set(_keys(splits)), set()
+    made, step = 0, max(1, MOVE_ROWS // p)
+    while made < NEIGHBOUR_ROWS:
+        order = np.argsort(high, kind="stable")[:top]
+        seed = next((i for i, key in zip(order.tolist(), _keys(splits[order])) if key not in moved), None)
+        if seed is None:
+            break
+        moved.add(_keys(splits[seed:seed + 1])[0])
+        rows = np.repeat(splits[seed:seed + 1], len(give), axis=0)
+        rows[at, give] -= 1
+        rows[at, take] += 1
+        made += len(rows)
+        rows = rows[(rows[at, give] >= 1) & (rows[at, take] <= width)]
+        new = [key not in seen and not seen.add(key) for key in _keys(rows)]  # (not seen, first of each)
+        rows = rows[np.array(new, dtype=bool)]
+        for lo in range(0, len(rows), step):
+            part = rows[lo:lo + step]
+            t, fl, fh = B.times(part)
+            keep = np.isfinite(t).all(axis=1)
+            part, t, fl, fh = part[keep], t[keep], fl[keep], fh[keep]
+            kth = _kth(high, top)
+            if math.isfinite(kth) and len(part):
+                keep = split_bounds(t, fl, fh, B.m, chains=False) <= kth * (1 + SLACK)
+                part, t, fl, fh = part[keep], t[keep], fl[keep], fh[keep]
+            if len(part):
+                lo_t, hi_t = B.simulate(part, (t, fl, fh))
+                splits, low, high = np.vstack([splits, part]), np.append(low, lo_t), np.append(high, hi_t)
     return splits, low, high
 
 
@@ -165,16 +219,15 @@ class _Found:
 
     def __init__(self, top: int, splits: np.ndarray, low: np.ndarray, high: np.ndarray):
         self.top, self.parts = top, [(splits, low, high)]
-        self.seen = set(map(tuple, splits.tolist()))
+        self.seen = set(_keys(splits))
         self.tau = _kth(high, top)
 
     def add(self, splits: np.ndarray, B: Bounds, times: tuple | None = None) -> None:
         """Simulate ``splits`` not seen yet (``times``: their ``(low, high)`` times, if known)."""
-        new = np.array([row not in self.seen for row in map(tuple, splits.tolist())], dtype=bool)
-        splits = splits[new]
+        new = np.array([key not in self.seen and not self.seen.add(key) for key in _keys(splits)], dtype=bool)
+        splits = splits[new]  # (not seen before, and the first of each)
         if not len(splits):
             return
-        self.seen.update(map(tuple, splits.tolist()))
         low, high = B.simulate(splits) if times is None else (times[0][new], times[1][new])
         self.parts.append((splits, low, high))
         self.tau = min(self.tau, _kth(np.concatenate([part[2] for part in self.parts]), self.top))

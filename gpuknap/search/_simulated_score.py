@@ -11,7 +11,7 @@ import numpy as np
 from ..schedule import iteration_times
 from ._partial import Bounds
 from ._segments import SegmentTable, segment_rooms
-from ._simulated import SLACK, _kth, first_bound, search
+from ._simulated import SLACK, _kth, _neighbours, first_bound, search
 from ._ties import tie_key
 
 #: Most segments under a limit that :meth:`Simulated.rooms` bounds one by one (more: left as they are).
@@ -107,12 +107,14 @@ class Simulated:
         B = self._bounds(table)
         kept = self._first(B, k)
         first = first_bound(B, k, None if kept is None else kept[0])
-        self._kept = (table, B, (k, first))
+        self._kept = (table, B, (k, first, B))
         return _kth(first[2], k) * (1 + SLACK)
 
     def top(self, table: SegmentTable, k: int) -> list[tuple]:
         B = self._bounds(table)
         first = self._first(B, k)
+        if first is not None and self._kept[2][2] is not B:  # found on a narrower table: this one may hold more
+            first = _neighbours(B, k, *first)
         return top_simulated(table, k, self.m, self.stage_times, self.forward_low, self.forward_high,
                              self.max_bytes, B, first)
 
