@@ -36,7 +36,10 @@ leaves:
 
 Every split cut has a bound, hence a simulated time, above the k-th best
 found: the answer is exact.  A search that would expand more than
-``MAX_EXPANDED`` partial splits is refused.
+``MAX_EXPANDED`` partial splits, or simulate more than ``MAX_SIMULATED``
+complete ones, is refused (with few micro-batches on many stages, a great many
+splits simulate within rounding of one another: scores are compared as the
+floats they are, so the search cannot stop at the first of them).
 """
 from __future__ import annotations
 
@@ -55,10 +58,14 @@ SLACK = 1e-9
 BEAM = 64
 #: Most partial splits one search may expand before it refuses.
 MAX_EXPANDED = 30_000_000
+#: Most complete splits the walk of one search may simulate before it refuses (each is kept
+#: while it may be in the top: about 0.7 KiB a split at 40 stages).
+MAX_SIMULATED = 400_000
 #: Working memory of the search when no ``max_bytes`` is given.
 DEFAULT_BYTES = 64 * 2**20
-#: Cuts of the search's passes, as fractions of the way from the least bound to the k-th best.
-PASSES = (1 / 64, 1 / 16, 1 / 4, 1.0)
+#: Cuts of the search's first passes, as fractions of the way from the least bound to the k-th best
+#: (the last pass cuts at the k-th best).
+PASSES = (1 / 64, 1 / 16, 1 / 4)
 #: Partial splits a pass expands before the best splits found are improved by moving layers.
 LONG_PASS = 2_000
 #: Partial splits a pass that ends may expand before the best splits are improved right after it
@@ -218,7 +225,7 @@ class _Found:
     """The splits simulated so far: their ``(low, high)`` times, and ``tau``, the k-th best high."""
 
     def __init__(self, top: int, splits: np.ndarray, low: np.ndarray, high: np.ndarray):
-        self.top, self.parts = top, [(splits, low, high)]
+        self.top, self.parts, self.simulated = top, [(splits, low, high)], 0
         self.seen = set(_keys(splits))
         self.tau = _kth(high, top)
 
@@ -228,6 +235,11 @@ class _Found:
         splits = splits[new]  # (not seen before, and the first of each)
         if not len(splits):
             return
+        self.simulated += len(splits)
+        if self.simulated > MAX_SIMULATED:
+            raise ValueError(f"the simulated score would simulate over {MAX_SIMULATED:,} splits here: too many "
+                             "simulate within rounding of the best (an exact ranking must tell them apart); use the "
+                             "1f1b score, or fewer stages or more micro-batches")
         low, high = B.simulate(splits) if times is None else (times[0][new], times[1][new])
         self.parts.append((splits, low, high))
         self.tau = min(self.tau, _kth(np.concatenate([part[2] for part in self.parts]), self.top))
@@ -267,11 +279,11 @@ def search(B: Bounds, top: int, max_bytes: int | None, first: tuple | None = Non
     found = _Found(top, pool, low, high)
     floor = float(B.expand(0, B.start())[0].min())  # below every split's bound
 
-    def passes() -> list:
+    def passes() -> list:  # the last cut is the k-th best found, whatever it falls to
         if not math.isfinite(found.tau):
             return [math.inf]
         least = min(floor, found.tau)
-        return [least + (found.tau - least) * f for f in PASSES]
+        return [least + (found.tau - least) * f for f in PASSES] + [math.inf]
 
     cuts = passes()
     # a child's state: 7 numbers and 4 per open chain; its edge to its parent and its path count
@@ -292,7 +304,7 @@ def search(B: Bounds, top: int, max_bytes: int | None, first: tuple | None = Non
             budget = None  # once: moves between any two stages, a finer grid; then the pass runs to its end
             cuts = improve()
             continue
-        if found.tau <= cuts[i] * (1 + SLACK):
+        if found.tau <= cuts[i]:  # (every split with a bound up to the cut, slack included, was seen)
             break
         i += 1
         if budget is not None and expanded - before > EARLY_PASS and i < len(cuts):
@@ -339,7 +351,7 @@ def _pass(B: Bounds, found: _Found, limit: float, chunk: int, expanded: int,
             return expanded, False
         s, st = stack.pop()
         bound, new = B.expand(s, st)
-        cut = min(limit, found.tau * (1 + SLACK) if math.isfinite(found.tau) else math.inf)
+        cut = min(limit, found.tau) * (1 + SLACK)  # (a bound may round above its split's time)
         parent, j = np.nonzero(np.isfinite(bound) & (bound <= cut))
         expanded += len(parent)
         if expanded > MAX_EXPANDED:

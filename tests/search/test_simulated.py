@@ -275,3 +275,47 @@ def test_a_long_pipeline_finds_its_next_best_splits_without_a_long_walk(monkeypa
         names = spec.model.option_names(counts, pp_lite(spec.model.stages(list(counts)), spec.model.fronts,
                                                          spec.bucket))
         assert timeline_of(spec.model, counts, names)[0].iteration_time == value
+
+
+def decimal_model(rng: random.Random, layers: int):
+    """Equal layers of one or two kinds with times in tenths (not binary fractions: sums
+    in different orders round differently) and few micro-batches: many splits simulate to
+    times a few units in the last place apart, which are not ties."""
+    from gpuknap import LayerOption, PipelineModel
+
+    pool = ["a", "b"][: rng.randint(1, 2)]
+    fronts = {k: [LayerOption(f"{k}{j}", rng.randint(0, 6), rng.randint(1, 30) / 10, rng.randint(1, 30) / 10)
+                  for j in range(rng.randint(1, 2))] for k in pool}
+    kinds = [rng.choice(pool) for _ in range(layers)]
+    return PipelineModel(kinds, fronts, {k: 0 for k in pool}, rng.choice([30, 1000]), rng.randint(1, 4))
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_simulated_search_splits_apart_by_rounding_equal_brute_force(seed):
+    """Scores a rounding apart are compared as the floats they are: a split whose bound
+    rounds a little above the k-th best found is still searched (the cut of every pass
+    has the slack, not only the k-th best's)."""
+    rng = random.Random(9900 + seed)
+    p = rng.randint(2, 6)
+    model = decimal_model(rng, rng.randint(p, 12))
+    want = brute_simulated(model, p, 1)
+    for top in (1, 3):
+        got = best_splits(model, p, top, "simulated", 1, backend="numpy")
+        assert [(s, c) for c, s, _ in got] == want[:top], top
+
+
+def test_a_plateau_of_splits_a_rounding_apart_is_refused(monkeypatch):
+    """Llama-2-70B on 40 stages with 8 micro-batches: a great many splits simulate within a
+    few units in the last place of one another, and an exact ranking must simulate them all;
+    past ``MAX_SIMULATED`` the search is refused with what to do instead (not left to run
+    for minutes and gigabytes)."""
+    import os
+
+    import gpuknap.search._simulated as search_simulated
+    from gpuknap import load_spec
+    from paths import EXAMPLES
+
+    monkeypatch.setattr(search_simulated, "MAX_SIMULATED", 5_000)
+    spec = load_spec(os.path.join(EXAMPLES, "llama2_70b.json"), micro_batches=8)
+    with pytest.raises(ValueError, match=r"simulate over 5,000 splits.*1f1b score"):
+        best_splits(spec.model, 40, 1, "simulated", spec.bucket, backend="numpy")
