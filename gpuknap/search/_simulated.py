@@ -304,8 +304,8 @@ def search(B: Bounds, top: int, max_bytes: int | None, first: tuple | None = Non
             budget = None  # once: moves between any two stages, a finer grid; then the pass runs to its end
             cuts = improve()
             continue
-        if found.tau <= cuts[i]:  # (every split with a bound up to the cut, slack included, was seen)
-            break
+        if found.tau <= cuts[i] * (1 + SLACK / 2):  # every split with a bound up to the cut, slack included,
+            break                                    # was seen: every split up to the k-th best, rounding included
         i += 1
         if budget is not None and expanded - before > EARLY_PASS and i < len(cuts):
             budget = None  # the same, before a pass that would run long starts
