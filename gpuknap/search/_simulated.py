@@ -75,6 +75,8 @@ EARLY_PASS = LONG_PASS // 10
 FILTER_ROWS = 256
 #: Fewest nodes in a chunk of the walk.
 MIN_CHUNK = 64
+#: Splits simulated past twice those kept before the ones that can no longer be in the top are dropped.
+KEEP_ROWS = 1024
 #: Most rows of one-layer moves a first k-th best (top > 1) makes; cells of them bounded at once.
 NEIGHBOUR_ROWS, MOVE_ROWS = 100_000, 2**17
 
@@ -228,6 +230,8 @@ class _Found:
         self.top, self.parts, self.simulated = top, [(splits, low, high)], 0
         self.seen = set(_keys(splits))
         self.tau = _kth(high, top)
+        self.least = np.sort(high)[:top]  # the k best high times so far
+        self.rows = self.kept = len(splits)
 
     def add(self, splits: np.ndarray, B: Bounds, times: tuple | None = None) -> None:
         """Simulate ``splits`` not seen yet (``times``: their ``(low, high)`` times, if known)."""
@@ -242,10 +246,14 @@ class _Found:
                              "1f1b score, or fewer stages or more micro-batches")
         low, high = B.simulate(splits) if times is None else (times[0][new], times[1][new])
         self.parts.append((splits, low, high))
-        self.tau = min(self.tau, _kth(np.concatenate([part[2] for part in self.parts]), self.top))
-        if math.isfinite(self.tau):  # drop the splits that can no longer be in the top
-            self.parts = [(x[keep], lo[keep], hi[keep]) for x, lo, hi in self.parts
-                          for keep in [lo <= self.tau * (1 + SLACK)] if keep.any()]
+        both = np.concatenate((self.least, high))
+        self.tau = min(self.tau, _kth(both, self.top))
+        self.least = np.partition(both, self.top - 1)[:self.top] if len(both) > self.top else both
+        self.rows += len(splits)
+        if math.isfinite(self.tau) and self.rows > 2 * self.kept + KEEP_ROWS:  # now and then (not on every add:
+            self.parts = [(x[keep], lo[keep], hi[keep]) for x, lo, hi in self.parts  # a plateau keeps them
+                          for keep in [lo <= self.tau * (1 + SLACK)] if keep.any()]  # all), drop the splits
+            self.rows = self.kept = sum(len(part[0]) for part in self.parts)  # that can no longer be in the top
 
     def best(self, count: int = 8) -> np.ndarray:
         """The ``count`` splits simulated fastest so far (by their high time)."""

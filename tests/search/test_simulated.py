@@ -319,3 +319,14 @@ def test_a_plateau_of_splits_a_rounding_apart_is_refused(monkeypatch):
     spec = load_spec(os.path.join(EXAMPLES, "llama2_70b.json"), micro_batches=8)
     with pytest.raises(ValueError, match=r"simulate over 5,000 splits.*1f1b score"):
         best_splits(spec.model, 40, 1, "simulated", spec.bucket, backend="numpy")
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_splits_dropped_after_every_simulation_keep_the_search_exact(seed, monkeypatch):
+    """The splits simulated are dropped once they cannot be in the top, now and then (a
+    plateau keeps them all); dropped after every batch, the search is the same."""
+    import gpuknap.search._simulated as search_simulated
+
+    monkeypatch.setattr(search_simulated, "KEEP_ROWS", 0)
+    monkeypatch.setattr(search_simulated, "BEAM", 1)
+    equals_brute_force(random.Random(9700 + seed), 2 + seed % 5)
