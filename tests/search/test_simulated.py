@@ -330,3 +330,22 @@ def test_splits_dropped_after_every_simulation_keep_the_search_exact(seed, monke
     monkeypatch.setattr(search_simulated, "KEEP_ROWS", 0)
     monkeypatch.setattr(search_simulated, "BEAM", 1)
     equals_brute_force(random.Random(9700 + seed), 2 + seed % 5)
+
+
+def test_a_search_over_its_simulation_cap_refuses_or_answers_exactly(monkeypatch):
+    """With the cap on simulated splits lowered to a few, small random searches either
+    answer exactly (brute force) or refuse by name: never a wrong answer from a cut-short walk."""
+    import gpuknap.search._simulated as search_simulated
+
+    monkeypatch.setattr(search_simulated, "MAX_SIMULATED", 4)
+    monkeypatch.setattr(search_simulated, "BEAM", 1)
+    refused = answered = 0
+    for seed in range(24):
+        rng = random.Random(9800 + seed)
+        try:
+            equals_brute_force(rng, 2 + seed % 5)
+            answered += 1
+        except ValueError as exc:
+            assert "simulate over 4 splits" in str(exc)
+            refused += 1
+    assert refused and answered
