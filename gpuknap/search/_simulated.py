@@ -145,23 +145,19 @@ def _better(B: Bounds, rows: np.ndarray, value: float) -> tuple[np.ndarray, floa
 def first_bound(B: Bounds, top: int, earlier: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Some good splits with their ``(low, high)`` simulated times: a beam by bound, the beam's
     best splits with their stage sizes sorted (longest stages first, and last), then moves of
-    one boundary from the best while the simulated time falls.  ``earlier``: the splits of a
-    smaller table of the same search that are in this table too, used instead
-    of a beam when at least ``top``."""
+    one boundary from the best while the simulated time falls, and for ``top`` > 1 the best
+    splits' one-layer moves (:func:`_neighbours`).  ``earlier``: the splits of a smaller table
+    of the same search that are in this table too, used instead of a beam when at least ``top``."""
     if earlier is not None and len(earlier) >= top:
-        low, high = B.simulate(earlier)
-        best = int(np.argmin(high))
-        moved, lo, hi = _improve(B, earlier[best].copy(), float(low[best]), float(high[best]))
-        if not (earlier == moved).all(axis=1).any():
-            earlier, low, high = np.vstack([earlier, moved[None, :]]), np.append(low, lo), np.append(high, hi)
-        return _neighbours(B, top, earlier, low, high)
-    splits = _beam(B, max(BEAM, 2 * top))
-    if not len(splits):
-        return splits, np.empty(0), np.empty(0)
-    head = splits[:8]
-    variants = np.vstack([splits, -np.sort(-head, axis=1), np.sort(head, axis=1)])
-    variants = np.unique(variants[(variants <= B.T.width).all(axis=1)], axis=0)
-    splits = variants[np.isfinite(B.times(variants)[0]).all(axis=1)]
+        splits = earlier
+    else:
+        splits = _beam(B, max(BEAM, 2 * top))
+        if not len(splits):
+            return splits, np.empty(0), np.empty(0)
+        head = splits[:8]
+        variants = np.vstack([splits, -np.sort(-head, axis=1), np.sort(head, axis=1)])
+        variants = np.unique(variants[(variants <= B.T.width).all(axis=1)], axis=0)
+        splits = variants[np.isfinite(B.times(variants)[0]).all(axis=1)]
     low, high = B.simulate(splits)
     best = int(np.argmin(high))
     moved, lo, hi = _improve(B, splits[best].copy(), float(low[best]), float(high[best]))
