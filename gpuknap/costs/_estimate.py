@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..schedule import chunk_times, iteration_times
+from ..schedule import chunk_times, iteration_time
 from ._build import ModelCosts
 
 #: Components of a stage's time, in the order reports show them.
@@ -45,10 +45,8 @@ def estimate(model: Any, counts: Sequence[int], names: Sequence[str], chunks: in
     p = len(counts) // chunks
     times = chunk_times(model, counts, names, chunks)
     schedule = "interleaved" if chunks > 1 else "1f1b"
-    span = iteration_times(np.asarray(times.forward, dtype=np.float64)[None],
-                           np.asarray(times.backward, dtype=np.float64)[None], model.micro_batches, schedule,
-                           pipeline_send(model, p))[0]  # (simulate's iteration time, exactly: waves, not ops)
-    return run_of(model, counts, names, chunks, float(span))
+    span = iteration_time(times.forward, times.backward, model.micro_batches, schedule, pipeline_send(model, p))
+    return run_of(model, counts, names, chunks, span)
 
 
 def pipeline_send(model: Any, stages: int) -> float:

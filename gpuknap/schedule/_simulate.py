@@ -138,6 +138,23 @@ def iteration_times(forward: np.ndarray, backward: np.ndarray, micro_batches: in
     return _iteration_times(forward, backward, micro_batches, schedule, p2p, group, True)
 
 
+#: Stages x chunks from which one pipeline's time is quicker by waves (:func:`iteration_times`) than by
+#: the event simulator (measured on one row: 2.0 against 17 ms at 40 stages x 64 micro-batches, 11.5
+#: against 5.4 ms at 1 stage x 1,024: a wave costs a few array calls, an operation a few Python steps).
+WAVES_FROM = 16
+
+
+def iteration_time(forward: Any, backward: Any, micro_batches: int, schedule: str = "1f1b",
+                   p2p: float = 0.0) -> float:
+    """One pipeline's ``simulate(...).iteration_time`` (``forward[s][c]``, ``backward[s][c]``),
+    bit for bit, by whichever simulator is quicker for its shape (:data:`WAVES_FROM`)."""
+    fwd = np.asarray(forward, dtype=np.float64)
+    if fwd.ndim == 2 and fwd.shape[0] * fwd.shape[1] >= WAVES_FROM:
+        return float(iteration_times(fwd[None], np.asarray(backward, dtype=np.float64)[None], micro_batches,
+                                     schedule, p2p)[0])
+    return simulate(forward, backward, micro_batches, schedule, p2p).iteration_time
+
+
 def bound_iteration_times(forward: np.ndarray, backward: np.ndarray, micro_batches: int,
                           schedule: str = "1f1b", p2p: float = 0.0, group: int | None = None) -> np.ndarray:
     """:func:`iteration_times` for bounds: the same maxima and additions (monotone in every
