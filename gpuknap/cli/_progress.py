@@ -2,7 +2,8 @@
 
 One line on stderr, only on a terminal and when not ``--quiet``, shown once a job has run
 for half a second (short jobs print nothing).  It names the phase it is in (segments, DP
-passes, bottlenecks, plans...) with that phase's share done and the time since the start;
+passes, bottlenecks, plans...) with that phase's share done and the time since the start,
+and for a phase of equal units (a sweep's configurations) the time left at its pace so far;
 it is erased, not left behind, when the job ends or a note is printed, so what follows
 starts on a clean line.
 """
@@ -11,6 +12,13 @@ from __future__ import annotations
 import sys
 import time
 
+from ..engine import format_seconds
+
+#: Phases whose units take about equal time, so that the line says the time left: a sweep's
+#: configurations (its pilot, run first, is spread over the grid).
+PACED = ("configurations",)
+#: Seconds a paced phase runs before its time left is shown.
+PACE_AFTER = 2.0
 #: Seconds before the line first appears.
 DELAY = 0.5
 WIDTH = 72
@@ -27,18 +35,24 @@ class Bar:
         self.start = self.drawn = time.perf_counter()
         self.shown = False
         self.phases: list[str] = []
+        self.began: dict[str, float] = {}
         _active = self
 
     def __call__(self, stage: str, done: int, total: int) -> None:
         now = time.perf_counter()
         if stage not in self.phases:
             self.phases.append(stage)
+            self.began[stage] = now
         if not self.on or now - self.start < DELAY or (now - self.drawn < 0.1 and done < total):
             return
         self.drawn, self.shown = now, True
         filled = int(20 * done / max(total, 1))
-        line = (f"{stage} (phase {len(self.phases)}) [{'#' * filled}{'.' * (20 - filled)}] "
+        running = now - self.began[stage]
+        paced = stage in PACED and 0 < done < total and running >= PACE_AFTER
+        line = (f"{stage}{'' if paced else f' (phase {len(self.phases)})'} [{'#' * filled}{'.' * (20 - filled)}] "
                 f"{100 * done / max(total, 1):3.0f}%  {now - self.start:5.1f} s")
+        if paced:
+            line += f", ~{format_seconds(running * (total - done) / done)} left"
         sys.stderr.write("\r" + line[:WIDTH].ljust(WIDTH))
         sys.stderr.flush()
 

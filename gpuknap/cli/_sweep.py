@@ -11,8 +11,8 @@ from typing import Any
 from .._version import __version__
 from ..engine import MAX_TOP
 from ..formats import hf, read_document
-from ..sweep import GRID_KEYS, MAX_TOP_ROWS, SCORES, sweep
-from ._flags import EXIT_OK, integer, plural
+from ..sweep import DEFAULT_MAX_SECONDS, GRID_KEYS, MAX_TOP_ROWS, SCORES, sweep
+from ._flags import EXIT_OK, integer, number, plural
 from ._plots import plot_sweep
 from ._progress import note
 from ._report import JSON_VERSION
@@ -60,6 +60,9 @@ def add_sweep(sub: Any, base: Any) -> None:
     w.add_argument("--seq", type=integer("--seq", 1, 10**7), metavar="N", help="sequence length, for a config.json")
     w.add_argument("--tp-comm-overlap", action="store_true",
                    help="overlap TP communication with the GEMMs, as Megatron's --tp-comm-overlap")
+    w.add_argument("--max-time", type=number(1, "a number of seconds"), default=DEFAULT_MAX_SECONDS,
+                   metavar="SECONDS", help="with --all, refuse a sweep estimated (on a pilot of 32 configurations "
+                                           f"spread over the grid) to take longer (default {DEFAULT_MAX_SECONDS:g})")
     w.add_argument("--scheduler", metavar="ADDRESS",
                    help="shard the configurations over a Dask cluster, e.g. tcp://host:8786 (needs gpuknap[cluster])")
     w.set_defaults(func=cmd_sweep)
@@ -186,7 +189,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     result = sweep(args.spec, grid, gpus=args.gpus, global_batch=args.global_batch, score=args.score, top=top,
                    top_splits=args.top_splits, backend=args.backend, scheduler=args.scheduler,
                    capacity=args.capacity, reserved=args.reserved, seq=args.seq, bucket=args.bucket,
-                   max_bytes=args.max_memory, tp_comm_overlap=args.tp_comm_overlap, **device)
+                   max_bytes=args.max_memory, tp_comm_overlap=args.tp_comm_overlap,
+                   max_seconds=args.max_time, **device)
     if args.seq is not None:  # a config (the sweep refuses --seq for others): what the plans do not follow
         for text in hf.config_notes(read_document(args.spec), args.seq):
             note(text)

@@ -134,6 +134,16 @@ def format_bytes(n: float) -> str:
     return f"{math.ceil(n)} bytes"
 
 
+def format_seconds(seconds: float) -> str:
+    """A duration rounded to whole seconds under two minutes, whole minutes under two hours, else
+    tenths of hours."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
 #: ``callback(stage, done, total)``: ``stage`` names the phase, ``done`` of ``total`` units in it.
 Callback = Callable[[str, int, int], None]
 
@@ -148,6 +158,12 @@ def reporting(callback: Callback) -> Iterator[None]:
         yield
     finally:
         _listener.reset(token)
+
+
+def listening() -> Callback | None:
+    """The callback :func:`report` calls now, if any (a caller that installs its own, to pass
+    reports on in other terms, keeps this one to call)."""
+    return _listener.get()
 
 
 def report(stage: str, done: int, total: int) -> None:

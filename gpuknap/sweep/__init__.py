@@ -3,13 +3,15 @@
 Owns the grid (configurations, validity rules, skip reasons), where each
 configuration's model comes from (a spec, a Hugging Face config, a callable),
 running every configuration's certified search in lockstep with one solve per
-round, certified pruning across configurations (the N best rows without
+round, a sweep's time estimated on a pilot of its configurations before the
+rest run, certified pruning across configurations (the N best rows without
 searching the rest), the rows (simulated iteration time, throughput, memory) and their
 order, and sharding over a Dask cluster.  It builds on the search, the costs
 and the formats; only the command line sits above it.
 """
 from ._explain import order_rows
 from ._grid import CONFIG_KEYS, GRID_KEYS, MAX_CONFIGS, MAX_CONFIGS_TOP, Sweep, expand
+from ._pace import DEFAULT_MAX_SECONDS, PILOT, pilot_order
 from ._prune import lower_bounds, span_bound
 from ._run import SCORES, run_configs
 from ._sources import HuggingFaceBuilder, TransformerBuilder, builder_of
@@ -17,4 +19,4 @@ from ._sweep import MAX_TOP_ROWS, sweep
 
 __all__ = ["order_rows", "CONFIG_KEYS", "GRID_KEYS", "MAX_CONFIGS", "MAX_CONFIGS_TOP", "Sweep", "expand",
            "lower_bounds", "span_bound", "SCORES", "run_configs", "HuggingFaceBuilder", "TransformerBuilder",
-           "builder_of", "MAX_TOP_ROWS", "sweep"]
+           "builder_of", "MAX_TOP_ROWS", "sweep", "DEFAULT_MAX_SECONDS", "PILOT", "pilot_order"]

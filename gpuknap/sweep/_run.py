@@ -40,6 +40,8 @@ from ..search import (
 )
 from ._explain import headroom, idle_share, infeasible_reason
 
+#: The progress phase of a batch's searches: configurations whose search is done, of the batch's.
+SEARCHES = "searches"
 #: Scores a sweep can search by (every row carries its simulated iteration time anyway).
 SCORES = ("slowest", "1f1b")
 
@@ -103,7 +105,7 @@ def _joint(jobs: list, backend: Any, max_bytes: int | None) -> None:
         solved = dict(zip(keys, solve([batches[k] for k in keys])))
         active = [job for job, spots in zip(active, where)
                   if not job.step([solved[k][at:at + n] for k, at, n in spots])]
-        report("configurations", len(jobs) - len(active), len(jobs))
+        report(SEARCHES, len(jobs) - len(active), len(jobs))
 
 
 def run_configs(configs: list, builder: Callable, *, global_batch: int, score: str, top: int, bucket: float,

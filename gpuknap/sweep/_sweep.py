@@ -24,6 +24,7 @@ from ._cluster import Cluster, _distributed
 from ._explain import order_rows
 from ._grid import MAX_CONFIGS, MAX_CONFIGS_TOP, Sweep, expand
 from ._prune import best_rows
+from ._pace import DEFAULT_MAX_SECONDS, check_max_seconds, in_batches, paced
 from ._run import SCORES, run_configs
 from ._sources import builder_of
 
@@ -116,7 +117,8 @@ def sweep(source: Any, grid: Mapping, *, gpus: int, global_batch: int, score: st
           max_bytes: int | None = None, time_unit: float = 1e-3, shards: int | None = None, device: Any = None,
           gpus_per_node: int | None = None, efficiency: float | None = None, device_fields: Mapping | None = None,
           expert_parallel: int | None = None, expert_tensor_parallel: int | None = None,
-          context_parallel: int | None = None, tp_comm_overlap: bool = False) -> Sweep:
+          context_parallel: int | None = None, tp_comm_overlap: bool = False,
+          max_seconds: float | None = DEFAULT_MAX_SECONDS) -> Sweep:
     """Score the configurations of ``grid`` on ``gpus`` GPUs at ``global_batch`` samples a step.
 
     ``source``: a spec with a ``transformer`` section, a Hugging Face ``config.json``
@@ -134,7 +136,9 @@ def sweep(source: Any, grid: Mapping, *, gpus: int, global_batch: int, score: st
     device where the grid has no ``device`` list; ``expert_parallel``, ``expert_tensor_parallel``
     and ``context_parallel`` are one-value grid lists.  ``tp_comm_overlap``: every configuration
     overlaps TP communication with its GEMMs (Megatron's ``--tp-comm-overlap``; a spec's
-    transformer section may say so itself).
+    transformer section may say so itself).  ``max_seconds``: a sweep of every row whose time,
+    estimated on a pilot of its configurations before the rest run (:mod:`._pace`), is over
+    this is refused (None: no limit).
     """
     if score not in SCORES:
         raise ValueError(f"score must be one of {SCORES} for a sweep (every row carries its simulated time), "
@@ -148,6 +152,7 @@ def sweep(source: Any, grid: Mapping, *, gpus: int, global_batch: int, score: st
             raise ValueError(f"top={top} is over the limit of {MAX_TOP_ROWS:,} rows; give top=None (--all) for "
                              "every row of a smaller grid")
     get_backend(backend)
+    max_seconds = check_max_seconds(max_seconds)
     if not isinstance(tp_comm_overlap, bool):
         raise ValueError(f"tp_comm_overlap must be true or false, got {tp_comm_overlap!r}")
     if max_bytes is not None:
@@ -171,24 +176,18 @@ def sweep(source: Any, grid: Mapping, *, gpus: int, global_batch: int, score: st
         _distributed()  # says how to install it, before any connection is tried
         reachable(scheduler)
     with (Cluster(scheduler) if scheduler is not None else contextlib.nullcontext()) as cluster:
+        step = BATCH if cluster is None else BATCH * CLUSTER_BATCHES
 
-        def run(chunk: list) -> tuple[list, list]:
-            rows, bad = [], []
-            step = BATCH if cluster is None else BATCH * CLUSTER_BATCHES
-            for lo in range(0, len(chunk), step):  # each batch's jobs (models, plans) freed before the next
-                part = chunk[lo:lo + step]
-                got = run_configs(part, builder, **kwargs) if cluster is None else cluster(
-                    run_configs, part, builder, kwargs, shards)
-                rows += got[0]
-                bad += got[1]
-            return rows, bad
+        def run(part: list) -> tuple[list, list]:
+            return run_configs(part, builder, **kwargs) if cluster is None else cluster(
+                run_configs, part, builder, kwargs, shards)
 
         if top is None:
-            rows, bad = run(configs)
+            rows, bad = paced(configs, run, step, max_seconds)
             counts = {"searched": len(configs), "pruned": 0, "invalid": 0, "infeasible": 0}
         else:
-            rows, bad, counts = best_rows(configs, builder, top, run, lambda rs: order_rows(rs, configs),
-                                          float(time_unit), MAX_CONFIGS, bucket)
+            rows, bad, counts = best_rows(configs, builder, top, lambda chunk: in_batches(chunk, step, run),
+                                          lambda rs: order_rows(rs, configs), float(time_unit), MAX_CONFIGS, bucket)
     if not rows:  # every configuration failed to build: the input is wrong, not the memory too small
         raise ValueError("no configuration of the grid can be built: "
                          + "; ".join(sorted({s["reason"] for s in bad}))[:600])

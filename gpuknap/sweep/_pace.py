@@ -1,0 +1,122 @@
+"""A sweep of every row: its time estimated before the whole grid runs, and its progress over
+the whole sweep.
+
+A configuration's search can take a few milliseconds or several seconds (few stages with
+many chunks and wide memory budgets pose hundreds of thousands of stage problems), so a
+sweep's time cannot be read off its grid.  It is measured instead: a grid of more than
+``2 * PILOT`` configurations first runs a *pilot*, :data:`PILOT` configurations spread
+evenly over the grid (every k-th in grid order).  The pilot's wall time over its size,
+times the grid's configurations, is the estimate; over ``max_seconds`` the sweep is
+refused then, before the rest runs, with the estimate and what to change.  Accepted,
+the pilot's rows are kept: a configuration's rows are those of its search alone,
+whatever batch it runs in.
+
+Progress is one phase, ``configurations``: configurations done of the grid's total,
+counted across batches (a batch's own count, its ``searches`` phase, added to those of
+the batches before).  The engine's other reports inside a batch (DP passes, shards) are
+passed on as that phase's line, so the line stays alive through a long batch; the
+command line shows this phase's time left.
+"""
+from __future__ import annotations
+
+import math
+import time
+from contextlib import contextmanager, nullcontext
+from typing import Callable, Iterator
+
+from ..engine import format_seconds, listening, reporting
+from ._run import SEARCHES
+
+#: Configurations the pilot runs (when the grid has more than twice as many).
+PILOT = 32
+#: The time a sweep of every row may take, by its pilot's estimate (``max_seconds``, ``--max-time``).
+DEFAULT_MAX_SECONDS = 3600.0
+PHASE = "configurations"
+
+
+def pilot_order(n: int, pilot: int = PILOT) -> list[int]:
+    """Indices of ``n`` configurations in the order they run: the pilot's ``pilot`` first,
+    spread evenly over the grid, then the others in grid order (none when ``n <= 2 * pilot``)."""
+    if n <= 2 * pilot:
+        return list(range(n))
+    first = [i * n // pilot for i in range(pilot)]  # distinct: n > pilot
+    chosen = set(first)
+    return first + [i for i in range(n) if i not in chosen]
+
+
+def check_max_seconds(value: object) -> float | None:
+    """``max_seconds`` checked: None (no limit) or a positive number of seconds."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise ValueError(f"max_seconds must be a positive number of seconds, got {value!r}")
+    return float(value)
+
+
+class Progress:
+    """The sweep's one progress phase: :meth:`part` runs a batch whose inner reports are passed
+    on as ``configurations`` done (before the batch, plus the batch's own ``searches``) of ``total``."""
+
+    def __init__(self, total: int):
+        self.total, self.done, self.shown, self.outer = total, 0, 0, listening()
+
+    def send(self, done: int) -> None:
+        """Report ``done`` configurations, never fewer than reported before (a batch's searches
+        are done before its local searches and simulations)."""
+        self.shown = max(self.shown, min(done, self.total))
+        if self.outer is not None:
+            self.outer(PHASE, self.shown, self.total)
+
+    @contextmanager
+    def part(self, size: int) -> Iterator[None]:
+        before = self.done
+
+        def inner(stage: str, done: int, total: int) -> None:
+            self.send(before + min(done, size) if stage == SEARCHES else self.shown)
+
+        with reporting(inner):
+            yield
+        self.done = before + size
+        self.send(self.done)
+
+
+def in_batches(chunk: list, step: int, run: Callable[[list], tuple[list, list]],
+               progress: Progress | None = None) -> tuple[list, list]:
+    """``run(part) -> (rows, skipped)`` over ``chunk`` ``step`` configurations at a time (each
+    batch's jobs, models and plans freed before the next), each batch a part of ``progress``."""
+    rows: list = []
+    skipped: list = []
+    for lo in range(0, len(chunk), step):
+        part = chunk[lo:lo + step]
+        with progress.part(len(part)) if progress is not None else nullcontext():
+            got = run(part)
+        rows += got[0]
+        skipped += got[1]
+    return rows, skipped
+
+
+def paced(configs: list, run: Callable[[list], tuple[list, list]], step: int,
+          max_seconds: float | None) -> tuple[list, list]:
+    """:func:`in_batches` over every configuration, the pilot first (see the module docstring):
+    ``(rows, skipped)`` of all of them.  A pilot's estimate over ``max_seconds`` is a ValueError
+    saying the estimate and what to change."""
+    order = pilot_order(len(configs), PILOT)
+    progress = Progress(len(configs))
+    progress.send(0)
+    rows: list = []
+    skipped: list = []
+    first = 0
+    if len(order) > 2 * PILOT:
+        first = PILOT
+        start = time.perf_counter()
+        rows, skipped = in_batches([configs[i] for i in order[:first]], step, run, progress)
+        spent = time.perf_counter() - start
+        estimate = spent * len(configs) / first
+        if max_seconds is not None and estimate > max_seconds:
+            raise ValueError(
+                f"this sweep of every row would take about {format_seconds(estimate)} here: {len(configs):,} "
+                f"configurations, timed on {first} spread over the grid ({spent:.1f} s), over the limit of "
+                f"{format_seconds(max_seconds)}; narrow the grid, ask for the best rows only (--top N), or allow "
+                f"it (--max-time {math.ceil(estimate * 1.5)}, max_seconds=)")
+    more, bad = in_batches([configs[i] for i in order[first:]], step, run, progress)
+    return rows + more, skipped + bad
