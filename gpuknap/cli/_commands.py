@@ -162,7 +162,12 @@ def cmd_best(args: argparse.Namespace) -> int:
               + ("" if exact else " (among the splits a local search tried)"))
         return EXIT_INFEASIBLE
     text = "\n\n".join(format_split(r, f"#{i + 1} of {spec.name}, {shape}") for i, r in enumerate(records))
-    if not exact:
+    if not exact and getattr(found, "why", ""):  # a search stopped at a cap: the best splits it found
+        gap = (found[0][1] - found.lower_bound) / found[0][1] if found[0][1] > 0 else 0.0
+        text += (f"\n\nnot proven optimal: the exact {args.score} search stopped at its cap ({found.why}); these are "
+                 f"the best splits it simulated, and no split is faster than {found.lower_bound:.6g} "
+                 f"(#1 is within {100 * gap:.2g} % of that)")
+    elif not exact:
         why = ("the layers are not one kind between the first and the last" if not one_body_kind(spec.model)
                else f"the exact {args.score} search of interleaved splits ran out of its work budget, and a "
                     "local search went on from its best")

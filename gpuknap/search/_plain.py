@@ -10,6 +10,7 @@ and plans the splits found (every distinct stage solved once).
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping
 
 import numpy as np
@@ -27,7 +28,7 @@ from ..schedule import stage_forward_backward
 from ._classify import kind_index
 from ._closed_form import ClosedForm
 from ._model import PipelineModel
-from ._rounds import Solver, certified_rounds, first_limit, run_rounds
+from ._rounds import Found, Solver, certified_rounds, first_limit, run_rounds
 from ._segments import SegmentTable, fastest_prefix, plan_segments, search_space
 from ._simulated_score import Simulated
 from ._slowest import Slowest
@@ -147,7 +148,8 @@ class SegmentSource:
 def plain_search(model: PipelineModel, stages: int, top: int, score: str, bucket: float, backend: Any,
                  in_flight: Any, max_bytes: int | None, exclusive: Any = (), bound: bool = False) -> list[tuple]:
     """``best_splits`` for a plain pipeline (arguments validated): ``(counts, score, choice)``
-    entries, with ``lower_bound`` appended when ``bound``."""
+    entries, with ``lower_bound`` appended when ``bound``, in a :class:`._rounds.Found` (not
+    exact where the score's search stopped at a cap: the best it found, and a lower bound)."""
     solve = Solver(backend, max_bytes)
     source = SegmentSource(model, stages, bucket, in_flight, exclusive, max_bytes=max_bytes)
     found = run_rounds(source.rounds(score, top), source, solve)
@@ -155,10 +157,14 @@ def plain_search(model: PipelineModel, stages: int, top: int, score: str, bucket
     if bound and found:
         relaxed = SegmentSource(model, stages, bucket, in_flight, exclusive, relaxed=True)
         bounds = [value for _, value in run_rounds(relaxed.rounds(score, len(found)), relaxed, solve)]
-    out = []
+    out = Found()  # not exact only where a score's search stopped at a cap (the best it found)
+    out.exact, out.why = getattr(found, "exact", True), getattr(found, "why", "")
+    out.lower_bound = getattr(found, "lower_bound", math.nan)
     for i, (counts, value) in enumerate(found):
         choices = source.choices(counts)
         entry = (tuple(int(c) for c in counts), float(value), PipelineChoice(choices, tuple(c.time for c in choices)))
         out.append(entry + (float(bounds[i]),) if bound else entry)
         report("plans", i + 1, len(found))
+    if out.exact:
+        out.lower_bound = out[0][1] if out else math.nan
     return out

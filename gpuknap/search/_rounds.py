@@ -14,7 +14,10 @@ score calls its *reach* at ``tau``.  Each round:
    reach of the limit, no split left out can enter the top k: the answer is
    certified and returned.  Otherwise the next limit is the one whose reach
    covers the k-th score found (so a second round always ends the search),
-   or, with fewer than k splits found, the limit grows by a fifth.
+   or, with fewer than k splits found, the limit grows by a fifth.  A score
+   whose search stops at a cap of its work (:class:`Unfinished`) ends the
+   rounds with the best it found, marked not exact, and a lower bound on the
+   best score: the least of its own and the reach of the limit.
 
 The first limit is a little over the least the slowest stage can take (``F /
 P``, with ``F`` every layer's fastest time summed, or the slowest single
@@ -69,10 +72,26 @@ class Score(Protocol):
 
 class Found(list):
     """The splits found, best first; ``exact`` says whether they are proven the best,
-    ``lower_bound`` is a lower bound on the best score (the first score when exact)."""
+    ``lower_bound`` is a lower bound on the best score (the first score when exact); ``why``,
+    when not exact, says why the search stopped short (empty when it was a local search)."""
 
     exact: bool = True
     lower_bound: float = math.nan
+    why: str = ""
+
+
+class Unfinished(ValueError):
+    """A score's top k that stopped at a cap of its work (a refusal where nobody catches it).
+    ``splits``: the best it found, and ``lower``, a lower bound on the best score of the table
+    searched, set where it stopped; ``found``: those splits ranked as ``(counts, score)``, once
+    scored; ``why``: what the cap met, in a phrase."""
+
+    def __init__(self, message: str, why: str):
+        super().__init__(message)
+        self.why = why
+        self.splits: Any = None
+        self.lower = math.nan
+        self.found: list | None = None
 
 
 def first_limit(fastest: np.ndarray, stages: int) -> float:
@@ -104,7 +123,16 @@ def certified_rounds(score: Score, first: float, total: float, top: int) -> Gene
             if bound * (1 + 1e-6) > score.reach(limit) * (1 - MARGIN) * (1 + 1e-6):
                 limit = max(score.limit_for(bound * (1 + 1e-6)), limit * (1 + 1e-6))
                 continue
-        found = score.top(table, top)
+        try:
+            found = score.top(table, top)
+        except Unfinished as stop:  # the best found, with a bound on any split's score: not proven
+            if stop.found is None:
+                raise
+            out = Found(stop.found)
+            reach = score.reach(limit) if table.pruned else math.inf  # (splits left out of the table)
+            out.exact, out.why = False, stop.why
+            out.lower_bound = min(stop.lower, reach, out[0][1] if out else math.inf)
+            return out
         if not table.pruned:
             return found
         if len(found) < top:

@@ -37,9 +37,11 @@ leaves:
 Every split cut has a bound, hence a simulated time, above the k-th best
 found: the answer is exact.  A search that would expand more than
 ``MAX_EXPANDED`` partial splits, or simulate more than ``MAX_SIMULATED``
-complete ones, is refused (with few micro-batches on many stages, a great many
-splits simulate within rounding of one another: scores are compared as the
-floats they are, so the search cannot stop at the first of them).
+complete ones (with few micro-batches on many stages, a great many splits
+simulate within rounding of one another: scores are compared as the floats
+they are, so the search cannot stop at the first of them), stops there with
+:class:`._rounds.Unfinished`: the best splits found, and a lower bound on any
+other's time (the least of the bounds left open and of the times simulated).
 """
 from __future__ import annotations
 
@@ -51,16 +53,20 @@ from ..engine import report
 from . import _groups as groups
 from ._critical import split_bounds
 from ._partial import CHAINS, GRID, Bounds
+from ._rounds import Unfinished
+from ._simulated_moves import _improve, _transfers
 
 #: Relative slack between a bound and the k-th best time (the bounds' sums round differently).
 SLACK = 1e-9
 #: Partial splits kept per stage by the beam that finds a first k-th best.
 BEAM = 64
-#: Most partial splits one search may expand before it refuses.
+#: Most partial splits one search may expand before it stops.
 MAX_EXPANDED = 30_000_000
-#: Most complete splits the walk of one search may simulate before it refuses (each is kept
+#: Most complete splits the walk of one search may simulate before it stops (each is kept
 #: while it may be in the top: about 0.7 KiB a split at 40 stages).
 MAX_SIMULATED = 400_000
+#: Best splits found (by their bounds' simulation) that a search stopped at a cap ranks by exact times.
+RANKED = 256
 #: Working memory of the search when no ``max_bytes`` is given.
 DEFAULT_BYTES = 64 * 2**20
 #: Cuts of the search's first passes, as fractions of the way from the least bound to the k-th best
@@ -71,8 +77,6 @@ LONG_PASS = 2_000
 #: Partial splits a pass that ends may expand before the best splits are improved right after it
 #: (the next pass, with a larger cut, would run long: the cost of a pass grows steeply with its cut).
 EARLY_PASS = LONG_PASS // 10
-#: Fewest rows of layer moves that are bounded before they are simulated.
-FILTER_ROWS = 256
 #: Fewest nodes in a chunk of the walk.
 MIN_CHUNK = 64
 #: Splits simulated past twice those kept before the ones that can no longer be in the top are dropped.
@@ -96,50 +100,6 @@ def _beam(B: Bounds, width: int) -> np.ndarray:
         keep = finite[np.lexsort((finite, -(finite % bound.shape[1]), flat[finite]))[:width]]  # ties: longer stage
         st = B.take(st, new, *np.divmod(keep, bound.shape[1]))
     return st["counts"].astype(np.int64)
-
-
-def _improve(B: Bounds, split: np.ndarray, low: float, value: float,
-             rounds: int = 200) -> tuple[np.ndarray, float, float]:
-    """Move one boundary by one layer while the simulated time falls: the split reached with
-    its ``(low, high)`` times (``split``'s own are ``low``, ``value``)."""
-    p = B.T.p
-    for _ in range(rounds):
-        moves = []
-        for i in range(p - 1):
-            for d in (1, -1):
-                row = split.copy()
-                row[i] -= d
-                row[i + 1] += d
-                if row[i] >= 1 and row[i + 1] >= 1:
-                    moves.append(row)
-        if not moves:
-            break
-        step = _better(B, np.array(moves), value)
-        if step is None:
-            break
-        split, low, value = step
-    return split, low, value
-
-
-def _better(B: Bounds, rows: np.ndarray, value: float) -> tuple[np.ndarray, float, float] | None:
-    """The split of ``rows`` (stages of at least one layer, within the table, every stage
-    finite) that simulates fastest, with its ``(low, high)`` times, if its high time is below
-    ``value``; else None.
-    Rows whose quick lower bound is already at ``value`` are not simulated (the answer is
-    the same: their simulated times are at least ``value``)."""
-    rows = rows[(rows >= 1).all(axis=1) & (rows <= B.T.width).all(axis=1)]
-    if len(rows):
-        t, fl, fh = B.times(rows)
-        keep = np.isfinite(t).all(axis=1)
-        rows, t, fl, fh = rows[keep], t[keep], fl[keep], fh[keep]
-        if len(rows) > FILTER_ROWS:  # (on fewer rows the filter costs more than it saves)
-            keep = split_bounds(t, fl, fh, B.m, chains=False) < value
-            rows, t, fl, fh = rows[keep], t[keep], fl[keep], fh[keep]
-    if not len(rows):
-        return None
-    low, high = B.simulate(rows, (t, fl, fh))
-    best = int(np.argmin(high))
-    return (rows[best], float(low[best]), float(high[best])) if high[best] < value else None
 
 
 def first_bound(B: Bounds, top: int, earlier: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -228,6 +188,7 @@ class _Found:
         self.tau = _kth(high, top)
         self.least = np.sort(high)[:top]  # the k best high times so far
         self.rows = self.kept = len(splits)
+        self.over = math.inf  # set by each pass (:func:`_pass`)
 
     def add(self, splits: np.ndarray, B: Bounds, times: tuple | None = None) -> None:
         """Simulate ``splits`` not seen yet (``times``: their ``(low, high)`` times, if known)."""
@@ -237,9 +198,10 @@ class _Found:
             return
         self.simulated += len(splits)
         if self.simulated > MAX_SIMULATED:
-            raise ValueError(f"the simulated score would simulate over {MAX_SIMULATED:,} splits here: too many "
+            raise Unfinished(f"the simulated score would simulate over {MAX_SIMULATED:,} splits here: too many "
                              "simulate within rounding of the best (an exact ranking must tell them apart); use the "
-                             "1f1b score, or fewer stages or more micro-batches")
+                             "1f1b score, or fewer stages or more micro-batches",
+                             f"over {MAX_SIMULATED:,} splits simulate within rounding of the best")
         low, high = B.simulate(splits) if times is None else (times[0][new], times[1][new])
         self.parts.append((splits, low, high))
         both = np.concatenate((self.least, high))
@@ -290,6 +252,7 @@ def search(B: Bounds, top: int, max_bytes: int | None, first: tuple | None = Non
         return [least + (found.tau - least) * f for f in PASSES] + [math.inf]
 
     cuts = passes()
+    proven = floor  # every split whose bound is at most this was simulated, or is above the k-th best found
     # a child's state: 7 numbers and 4 per open chain; its edge to its parent and its path count
     child = 8 * (7 + 4 * CHAINS) + 32
     chunk = max(MIN_CHUNK, (max_bytes or DEFAULT_BYTES) // (T.width * child) // (2 * p + 2))
@@ -301,45 +264,29 @@ def search(B: Bounds, top: int, max_bytes: int | None, first: tuple | None = Non
         B.refine(GRID, found.best())
         return passes()  # the same fractions of the shorter way to the k-th best found now
 
-    while i < len(cuts):
-        before = expanded
-        expanded, complete = _pass(B, found, cuts[i], chunk, expanded, budget)
-        if not complete:
-            budget = None  # once: moves between any two stages, a finer grid; then the pass runs to its end
-            cuts = improve()
-            continue
-        if found.tau <= cuts[i] * (1 + SLACK / 2):  # every split with a bound up to the cut, slack included,
-            break                                    # was seen: every split up to the k-th best, rounding included
-        i += 1
-        if budget is not None and expanded - before > EARLY_PASS and i < len(cuts):
-            budget = None  # the same, before a pass that would run long starts
-            cuts = improve()
+    try:
+        while i < len(cuts):
+            before = expanded
+            expanded, complete = _pass(B, found, cuts[i], chunk, expanded, budget)
+            if not complete:
+                budget = None  # once: moves between any two stages, a finer grid; then the pass runs to its end
+                cuts = improve()
+                continue
+            proven = max(proven, found.over)  # a split not simulated had a bound above this
+            if found.tau <= cuts[i] * (1 + SLACK / 2):  # every split with a bound up to the cut, slack included,
+                break                                    # was seen: every split up to the k-th best, rounding included
+            i += 1
+            if budget is not None and expanded - before > EARLY_PASS and i < len(cuts):
+                budget = None  # the same, before a pass that would run long starts
+                cuts = improve()
+    except Unfinished as stop:  # stopped at a cap: the best found (ranked by exact times later), and a bound
+        splits, lows, highs = (np.concatenate([part[i] for part in found.parts]) for i in range(3))  # on the rest:
+        order = np.argsort(highs, kind="stable")  # a split not simulated is above the last pass's cut, or this
+        stop.splits = splits[order[:max(top, RANKED)]]  # pass's or under a node left; one simulated and not
+        rest = float(lows[order[max(top, RANKED):]].min(initial=math.inf))  # ranked is above its low time
+        stop.lower = min(max(proven, getattr(stop, "frontier", -math.inf)), rest) * (1 - SLACK)  # (rounding)
+        raise
     return found.candidates(p)
-
-
-def _transfers(B: Bounds, found: _Found, rounds: int = 50) -> tuple[np.ndarray, tuple]:
-    """From the best split found, move one layer from any stage to any other while the
-    simulated time falls; every split reached, with their ``(low, high)`` times."""
-    splits = np.concatenate([part[0] for part in found.parts])
-    high = np.concatenate([part[2] for part in found.parts])
-    if not len(splits):
-        return splits, (np.empty(0), np.empty(0))
-    split, value = splits[int(np.argmin(high))].copy(), float(high.min())
-    p = B.T.p
-    give, take = np.nonzero(~np.eye(p, dtype=bool))
-    reached, lows, highs = [], [], []
-    for _ in range(rounds):
-        rows = np.repeat(split[None, :], len(give), axis=0)
-        rows[np.arange(len(give)), give] -= 1
-        rows[np.arange(len(give)), take] += 1
-        step = _better(B, rows, value)
-        if step is None:
-            break
-        split, low, value = step
-        reached.append(split)
-        lows.append(low)
-        highs.append(value)
-    return np.array(reached, dtype=np.int64).reshape(-1, p), (np.array(lows), np.array(highs))
 
 
 def _pass(B: Bounds, found: _Found, limit: float, chunk: int, expanded: int,
@@ -348,30 +295,43 @@ def _pass(B: Bounds, found: _Found, limit: float, chunk: int, expanded: int,
     child whose bound is above ``limit`` or the k-th best found: ``(count expanded, whether the
     pass ended)`` (it stops after ``budget`` expansions when one is given)."""
     p = B.T.p
-    stack = [(0, groups.start(B.start()))]
-    start = expanded
-    while stack:
-        if budget is not None and expanded - start > budget:
-            return expanded, False
-        s, st = stack.pop()
-        bound, new = B.expand(s, st)
-        cut = min(limit, found.tau) * (1 + SLACK)  # (a bound may round above its split's time)
-        parent, j = np.nonzero(np.isfinite(bound) & (bound <= cut))
-        expanded += len(parent)
-        if expanded > MAX_EXPANDED:
-            raise ValueError(f"the simulated score would expand over {MAX_EXPANDED:,} partial splits here; "
-                             "use the 1f1b score (or fewer stages)")
-        if not len(parent):
-            continue
-        order = np.lexsort((j, parent, bound[parent, j]))
-        if s == p - 1:
-            for splits in groups.complete(st, parent[order], j[order], chunk * B.T.width):
-                t, fl, fh = B.times(splits)
-                keep = split_bounds(t, fl, fh, B.m, chains=False) <= cut  # the quick bound first
-                splits, t, fl, fh = splits[keep], t[keep], fl[keep], fh[keep]
-                found.add(splits[split_bounds(t, fl, fh, B.m) <= cut], B)
-            report("simulated splits", expanded, expanded + len(stack))
-            continue
-        children = groups.children(st, new, parent[order], j[order], B)
-        stack.extend((s + 1, part) for part in reversed(groups.split(children, chunk)))  # the best first
+    stack = [(0, groups.start(B.start()), -math.inf)]  # (stage, nodes, a bound on their completions)
+    start, low = expanded, -math.inf
+    found.over = math.inf  # the least bound of a partial or complete split this pass cut
+    try:
+        while stack:
+            if budget is not None and expanded - start > budget:
+                return expanded, False
+            s, st, low = stack.pop()
+            bound, new = B.expand(s, st)
+            cut = min(limit, found.tau) * (1 + SLACK)  # (a bound may round above its split's time)
+            real = np.isfinite(bound)
+            low = max(low, float(bound[real].min(initial=math.inf)))  # (each completion passes a child)
+            parent, j = np.nonzero(real & (bound <= cut))
+            found.over = min(found.over, float(bound[real & (bound > cut)].min(initial=math.inf)))
+            expanded += len(parent)
+            if expanded > MAX_EXPANDED:
+                raise Unfinished(f"the simulated score would expand over {MAX_EXPANDED:,} partial splits here; "
+                                 "use the 1f1b score (or fewer stages)",
+                                 f"its bounds left over {MAX_EXPANDED:,} partial splits to expand")
+            if not len(parent):
+                continue
+            order = np.lexsort((j, parent, bound[parent, j]))
+            if s == p - 1:
+                for splits in groups.complete(st, parent[order], j[order], chunk * B.T.width):
+                    t, fl, fh = B.times(splits)
+                    quick = split_bounds(t, fl, fh, B.m, chains=False)  # the quick bound first
+                    keep, over = quick <= cut, quick[quick > cut]
+                    splits, t, fl, fh = splits[keep], t[keep], fl[keep], fh[keep]
+                    full = split_bounds(t, fl, fh, B.m)
+                    found.over = min(found.over, float(np.concatenate((over, full[full > cut])).min(initial=math.inf)))
+                    found.add(splits[full <= cut], B)
+                report("simulated splits", expanded, expanded + len(stack))
+                continue
+            children = groups.children(st, new, parent[order], j[order], B)
+            least = float(bound[parent, j].min())  # (every completion of a child is bounded by the child's bound)
+            stack.extend((s + 1, part, least) for part in reversed(groups.split(children, chunk)))  # the best first
+    except Unfinished as stop:  # stopped in this pass: a split not simulated is above the cut or under a node left
+        stop.frontier = min([low, found.over] + [entry[2] for entry in stack])
+        raise
     return expanded, True

@@ -10,6 +10,7 @@ import numpy as np
 
 from ..schedule import iteration_times
 from ._partial import Bounds
+from ._rounds import Unfinished
 from ._segments import SegmentTable, segment_rooms
 from ._simulated import SLACK, _kth, _neighbours, first_bound, search
 from ._ties import tie_key
@@ -23,16 +24,28 @@ def top_simulated(T: SegmentTable, top: int, micro_batches: int,
                   forward_high: np.ndarray, max_bytes: int | None = None, bounds: Bounds | None = None,
                   first: tuple | None = None) -> list[tuple]:
     """The exact ``top`` splits by simulated 1F1B time: ``[(counts, score)]``, best first, ties by
-    :func:`._ties.tie_key`.  ``stage_times(s, a, b)`` gives the forward and backward time of stage s
+    :func:`._ties.tie_key` (a search stopped at a cap raises :class:`._rounds.Unfinished` with the
+    best it found ranked so).  ``stage_times(s, a, b)`` gives the forward and backward time of stage s
     on layers ``a:b`` under its plan; ``forward_low`` / ``forward_high`` are prefix sums over the
     layers of the least and most forward time among each layer's options."""
     B = bounds if bounds is not None else Bounds(T, micro_batches, np.asarray(forward_low, dtype=np.float64),
                                                  np.asarray(forward_high, dtype=np.float64))
-    splits = search(B, top, max_bytes, first)
+    try:
+        splits = search(B, top, max_bytes, first)
+    except Unfinished as stop:  # the best splits found, ranked as an answer would be (not proven)
+        stop.found = _ranked(B, stop.splits, top, micro_batches, stage_times)
+        raise
+    return _ranked(B, splits, top, micro_batches, stage_times)
+
+
+def _ranked(B: Bounds, splits: np.ndarray, top: int, micro_batches: int,
+            stage_times: Callable[[int, int, int], tuple[float, float]]) -> list[tuple]:
+    """The first ``top`` of ``splits`` by simulated time with each stage's times from its plan,
+    ties by :func:`._ties.tie_key`, as ``[(counts, score)]``."""
     if not len(splits):
         return []
     cache: dict = {}
-    fb = np.empty((len(splits), T.p, 2))
+    fb = np.empty((len(splits), B.T.p, 2))
     for i, row in enumerate(splits.tolist()):
         a = 0
         for s, n in enumerate(row):

@@ -304,11 +304,12 @@ def test_simulated_search_splits_apart_by_rounding_equal_brute_force(seed):
         assert [(s, c) for c, s, _ in got] == want[:top], top
 
 
-def test_a_plateau_of_splits_a_rounding_apart_is_refused(monkeypatch):
+def test_a_plateau_of_splits_a_rounding_apart_is_answered_not_proven(monkeypatch):
     """Llama-2-70B on 40 stages with 8 micro-batches: a great many splits simulate within a
     few units in the last place of one another, and an exact ranking must simulate them all;
-    past ``MAX_SIMULATED`` the search is refused with what to do instead (not left to run
-    for minutes and gigabytes)."""
+    past ``MAX_SIMULATED`` the search stops (not left to run for minutes and gigabytes) and
+    answers with the best splits it simulated, not exact, with a lower bound that no split of
+    a random sample beats; each score is its split's schedule time."""
     import os
 
     import gpuknap.search._simulated as search_simulated
@@ -317,8 +318,22 @@ def test_a_plateau_of_splits_a_rounding_apart_is_refused(monkeypatch):
 
     monkeypatch.setattr(search_simulated, "MAX_SIMULATED", 5_000)
     spec = load_spec(os.path.join(EXAMPLES, "llama2_70b.json"), micro_batches=8)
-    with pytest.raises(ValueError, match=r"simulate over 5,000 splits.*1f1b score"):
-        best_splits(spec.model, 40, 1, "simulated", spec.bucket, backend="numpy")
+    got = best_splits(spec.model, 40, 3, "simulated", spec.bucket, backend="numpy")
+    assert not got.exact and "over 5,000 splits simulate within rounding" in got.why and len(got) == 3
+    scores = [s for _, s, _ in got]
+    assert scores == sorted(scores) and got.lower_bound <= scores[0] < got.lower_bound * 1.01
+    for counts, value, _ in got:
+        names = spec.model.option_names(counts, pp_lite(spec.model.stages(list(counts)), spec.model.fronts,
+                                                         spec.bucket))
+        assert timeline_of(spec.model, counts, names)[0].iteration_time == value
+    rng = np.random.default_rng(7)  # splits near the even one: stages of 1 to 3 layers
+    sim = []
+    for counts in (c.tolist() for c in (rng.integers(1, 4, size=40) for _ in range(3000))
+                   if c.sum() == spec.model.layers):
+        choice = pp_lite(spec.model.stages(counts), spec.model.fronts, spec.bucket)
+        if choice is not None and len(sim) < 40:
+            sim.append(timeline_of(spec.model, counts, spec.model.option_names(counts, choice))[0].iteration_time)
+    assert len(sim) == 40 and min(sim) >= got.lower_bound
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -332,20 +347,72 @@ def test_splits_dropped_after_every_simulation_keep_the_search_exact(seed, monke
     equals_brute_force(random.Random(9700 + seed), 2 + seed % 5)
 
 
-def test_a_search_over_its_simulation_cap_refuses_or_answers_exactly(monkeypatch):
-    """With the cap on simulated splits lowered to a few, small random searches either
-    answer exactly (brute force) or refuse by name: never a wrong answer from a cut-short walk."""
+@pytest.mark.parametrize("cap, ranked", [(4, 256), (4, 1), (16, 1)])
+def test_a_search_over_its_simulation_cap_answers_exactly_or_not_proven(cap, ranked, monkeypatch):
+    """With the cap on simulated splits lowered to a few (and the walk started from a poor
+    split), small random searches either answer exactly (brute force) or say they are not
+    proven: then every split given is a real one with its own simulated time, in the tie
+    rule's order, and the lower bound is at most the true best (brute force) and at most
+    the first score."""
     import gpuknap.search._simulated as search_simulated
 
-    monkeypatch.setattr(search_simulated, "MAX_SIMULATED", 4)
+    import gpuknap.search._simulated_score as simulated_score
+
+    monkeypatch.setattr(search_simulated, "MAX_SIMULATED", cap)
     monkeypatch.setattr(search_simulated, "BEAM", 1)
-    refused = answered = 0
-    for seed in range(24):
+    monkeypatch.setattr(search_simulated, "RANKED", ranked)  # (the others found bound the answer by their lows)
+    real = search_simulated.first_bound
+
+    def poor(B, top, earlier=None):  # the walk starts from the worst first split: stopped, it is often not the best
+        pool, low, high = real(B, top, earlier)
+        worst = np.argsort(high, kind="stable")[-1:]
+        return pool[worst], low[worst], high[worst]
+
+    monkeypatch.setattr(search_simulated, "first_bound", poor)
+    monkeypatch.setattr(simulated_score, "first_bound", poor)
+    cut = exact = missed = 0
+    for seed in range(40):
         rng = random.Random(9800 + seed)
-        try:
-            equals_brute_force(rng, 2 + seed % 5)
-            answered += 1
-        except ValueError as exc:
-            assert "simulate over 4 splits" in str(exc)
-            refused += 1
-    assert refused and answered
+        p = 2 + seed % 5
+        model = shaped_model(rng, rng.randint(p, min(p + 7, 12)), p)
+        want = brute_simulated(model, p, 1)
+        times = {c: s for s, c in want}
+        for top in (1, 3):
+            got = best_splits(model, p, top, "simulated", 1, backend="numpy")
+            if got.exact:
+                assert [(s, c) for c, s, _ in got] == want[:top], (seed, top)
+                exact += 1
+                continue
+            cut += 1
+            assert f"over {cap} splits simulate" in got.why and 1 <= len(got) <= top
+            assert all(times[c] == s for c, s, _ in got)  # each a feasible split with its own time
+            order = [want.index((s, c)) for c, s, _ in got]
+            assert order == sorted(order)
+            assert got.lower_bound <= want[0][0] <= got[0][1]
+            missed += want[0][0] < got[0][1]
+    assert cut and exact and missed  # (a bound taken from the splits found would fail where they miss)
+
+
+def test_the_command_line_says_a_capped_search_is_not_proven(monkeypatch, capsys):
+    """``best --score simulated`` stopped at its cap prints its best splits, then one line
+    saying they are not proven, why, and the lower bound; the JSON says ``exact: false`` with
+    ``optimum_lower_bound``, and its first score is the text's."""
+    import json
+    import os
+
+    import gpuknap.search._simulated as search_simulated
+    from gpuknap.cli import main
+    from paths import EXAMPLES
+
+    monkeypatch.setattr(search_simulated, "MAX_SIMULATED", 5_000)
+    args = ["best", os.path.join(EXAMPLES, "llama2_70b.json"), "--stages", "40", "--score", "simulated",
+            "--micro-batches", "8", "--backend", "numpy", "--quiet"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("not proven optimal: the exact simulated search stopped at its cap (over 5,000 splits "
+                           "simulate within rounding of the best)") and "no split is faster than" in last, last
+    assert main(args + ["--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["exact"] is False and data["optimum_lower_bound"] <= data["results"][0]["score"]
+    assert f"{data['optimum_lower_bound']:.6g}" in last
