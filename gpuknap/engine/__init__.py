@@ -70,7 +70,6 @@ __all__ = [
     "Ranking", "compact_codes", "rank", "Assignment", "PipelineChoice", "Stage", "StageChoice",
     "Solved", "check_max_bytes", "solve_knapsacks", "solve_problems",
     "Planner", "check_stages", "choose", "least_times", "pp_lite", "single_stage_memory", "suffix_times",
-    "DEFAULT_MAX_CELLS", "MAX_TOP", "WorkTooLarge", "check_work", "counting", "format_bytes", "format_seconds", "listening", "max_cells",
-    "report",
-    "reporting", "work_limit",
+    "DEFAULT_MAX_CELLS", "MAX_TOP", "WorkTooLarge", "check_work", "counting", "format_bytes", "format_seconds",
+    "listening", "max_cells", "report", "reporting", "work_limit",
 ]

@@ -129,7 +129,7 @@ def certified_rounds(score: Score, first: float, total: float, top: int) -> Gene
             if stop.found is None:
                 raise
             out = Found(stop.found)
-            reach = score.reach(limit) if table.pruned else math.inf  # (splits left out of the table)
+            reach = score.reach(limit) * (1 - MARGIN) if table.pruned else math.inf  # (splits left out)
             out.exact, out.why = False, stop.why
             out.lower_bound = min(stop.lower, reach, out[0][1] if out else math.inf)
             return out

@@ -20,6 +20,7 @@ command line shows this phase's time left.
 from __future__ import annotations
 
 import math
+import numbers
 import time
 from contextlib import contextmanager, nullcontext
 from typing import Callable, Iterator
@@ -48,7 +49,7 @@ def check_max_seconds(value: object) -> float | None:
     """``max_seconds`` checked: None (no limit) or a positive number of seconds."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < math.inf:
         raise ValueError(f"max_seconds must be a positive number of seconds, got {value!r}")
     return float(value)
 
