@@ -116,7 +116,9 @@ def number(low: float, what: str, cast: Callable = float, high: float = math.inf
             value = _read(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {what}, got {text[:40]!r}{_hint(text)}") from None
-        if not low <= value < math.inf:
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"expected {what}, finite, got {text!r}")
+        if not low <= value:
             raise argparse.ArgumentTypeError(f"expected {what} >= {low:g}, got {text!r}")
         if value > high:  # beyond it, sums with the stages' times lose them to rounding
             raise argparse.ArgumentTypeError(f"expected {what} of at most {high:g}, got {text!r}")

@@ -48,10 +48,10 @@ class Bar:
         self.drawn, self.shown = now, True
         filled = int(20 * done / max(total, 1))
         running = now - self.began[stage]
-        paced = stage in PACED and 0 < done < total and running >= PACE_AFTER
+        paced = stage in PACED  # (its one phase is named alone: the room goes to the time left)
         line = (f"{stage}{'' if paced else f' (phase {len(self.phases)})'} [{'#' * filled}{'.' * (20 - filled)}] "
                 f"{100 * done / max(total, 1):3.0f}%  {now - self.start:5.1f} s")
-        if paced:
+        if paced and 0 < done < total and running >= PACE_AFTER:
             line += f", ~{format_seconds(running * (total - done) / done)} left"
         sys.stderr.write("\r" + line[:WIDTH].ljust(WIDTH))
         sys.stderr.flush()

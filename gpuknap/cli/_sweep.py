@@ -61,8 +61,9 @@ def add_sweep(sub: Any, base: Any) -> None:
     w.add_argument("--tp-comm-overlap", action="store_true",
                    help="overlap TP communication with the GEMMs, as Megatron's --tp-comm-overlap")
     w.add_argument("--max-time", type=number(1, "a number of seconds"), default=DEFAULT_MAX_SECONDS,
-                   metavar="SECONDS", help="with --all, refuse a sweep estimated (on a pilot of 32 configurations "
-                                           f"spread over the grid) to take longer (default {DEFAULT_MAX_SECONDS:g})")
+                   metavar="SECONDS", help="with --all, refuse a sweep estimated (on a pilot of 48 configurations "
+                                           "drawn from groups of like ones) to take longer "
+                                           f"(default {DEFAULT_MAX_SECONDS:g})")
     w.add_argument("--scheduler", metavar="ADDRESS",
                    help="shard the configurations over a Dask cluster, e.g. tcp://host:8786 (needs gpuknap[cluster])")
     w.set_defaults(func=cmd_sweep)

@@ -11,7 +11,7 @@ and the formats; only the command line sits above it.
 """
 from ._explain import order_rows
 from ._grid import CONFIG_KEYS, GRID_KEYS, MAX_CONFIGS, MAX_CONFIGS_TOP, Sweep, expand
-from ._pace import DEFAULT_MAX_SECONDS, PILOT, pilot_order
+from ._pace import DEFAULT_MAX_SECONDS, PILOT, pilot_plan
 from ._prune import lower_bounds, span_bound
 from ._run import SCORES, run_configs
 from ._sources import HuggingFaceBuilder, TransformerBuilder, builder_of
@@ -19,4 +19,4 @@ from ._sweep import MAX_TOP_ROWS, sweep
 
 __all__ = ["order_rows", "CONFIG_KEYS", "GRID_KEYS", "MAX_CONFIGS", "MAX_CONFIGS_TOP", "Sweep", "expand",
            "lower_bounds", "span_bound", "SCORES", "run_configs", "HuggingFaceBuilder", "TransformerBuilder",
-           "builder_of", "MAX_TOP_ROWS", "sweep", "DEFAULT_MAX_SECONDS", "PILOT", "pilot_order"]
+           "builder_of", "MAX_TOP_ROWS", "sweep", "DEFAULT_MAX_SECONDS", "PILOT", "pilot_plan"]

@@ -4,12 +4,12 @@ the whole sweep.
 A configuration's search can take a few milliseconds or several seconds (few stages with
 many chunks and wide memory budgets pose hundreds of thousands of stage problems), so a
 sweep's time cannot be read off its grid.  It is measured instead: a grid of more than
-``2 * PILOT`` configurations first runs a *pilot*, :data:`PILOT` configurations spread
-evenly over the grid (every k-th in grid order).  The pilot's wall time over its size,
-times the grid's configurations, is the estimate; over ``max_seconds`` the sweep is
-refused then, before the rest runs, with the estimate and what to change.  Accepted,
-the pilot's rows are kept: a configuration's rows are those of its search alone,
-whatever batch it runs in.
+``2 * PILOT`` configurations first runs a *pilot* of :data:`PILOT` configurations drawn
+from each group of like ones (:func:`pilot_plan`), a group at a time.  Each group's time
+per configuration, times the group's size, summed, is the estimate; over ``max_seconds``
+the sweep is refused then, before the rest runs, with the estimate and what to change.
+Accepted, the pilot's rows are kept: a configuration's rows are those of its search
+alone, whatever batch it runs in.
 
 Progress is one phase, ``configurations``: configurations done of the grid's total,
 counted across batches (a batch's own count, its ``searches`` phase, added to those of
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import random
 import time
 from contextlib import contextmanager, nullcontext
 from typing import Callable, Iterator
@@ -29,20 +30,36 @@ from ..engine import format_seconds, listening, reporting
 from ._run import SEARCHES
 
 #: Configurations the pilot runs (when the grid has more than twice as many).
-PILOT = 32
+PILOT = 48
 #: The time a sweep of every row may take, by its pilot's estimate (``max_seconds``, ``--max-time``).
 DEFAULT_MAX_SECONDS = 3600.0
 PHASE = "configurations"
 
 
-def pilot_order(n: int, pilot: int = PILOT) -> list[int]:
-    """Indices of ``n`` configurations in the order they run: the pilot's ``pilot`` first,
-    spread evenly over the grid, then the others in grid order (none when ``n <= 2 * pilot``)."""
+def pilot_plan(configs: list, pilot: int = PILOT) -> list[tuple[list[int], int]]:
+    """The pilot of ``configs``: ``[(indices, stratum size)]``, one entry per stratum, ``pilot``
+    indices in all (none when there are at most ``2 * pilot`` configurations).  The strata are
+    the configurations of one (stages, interleave, micro-batch size), the main drivers of a
+    search's time; when there are more of them than ``pilot``, of one (stages, interleave),
+    then of one interleave, then one stratum.  Every stratum gets one, the rest go by size
+    (largest remainders); within a stratum they are drawn at random with a fixed seed (a
+    stride through the grid aliases with its inner keys)."""
+    n = len(configs)
     if n <= 2 * pilot:
-        return list(range(n))
-    first = [i * n // pilot for i in range(pilot)]  # distinct: n > pilot
-    chosen = set(first)
-    return first + [i for i in range(n) if i not in chosen]
+        return []
+    for key in (("stages", "interleave", "micro_batch_size"), ("stages", "interleave"), ("interleave",), ()):
+        strata: dict = {}
+        for i, c in enumerate(configs):
+            strata.setdefault(tuple(c.get(k) for k in key), []).append(i)
+        if len(strata) <= pilot:
+            break
+    spare = pilot - len(strata)
+    share = {k: spare * len(v) / n for k, v in strata.items()}
+    take = {k: 1 + min(int(share[k]), len(v) - 1) for k, v in strata.items()}
+    for k in sorted(strata, key=lambda k: int(share[k]) - share[k])[:pilot - sum(take.values())]:
+        take[k] += take[k] < len(strata[k])
+    rng = random.Random(0)
+    return [(sorted(rng.sample(v, take[k])), len(v)) for k, v in strata.items()]
 
 
 def check_max_seconds(value: object) -> float | None:
@@ -98,26 +115,29 @@ def in_batches(chunk: list, step: int, run: Callable[[list], tuple[list, list]],
 
 def paced(configs: list, run: Callable[[list], tuple[list, list]], step: int,
           max_seconds: float | None) -> tuple[list, list]:
-    """:func:`in_batches` over every configuration, the pilot first (see the module docstring):
-    ``(rows, skipped)`` of all of them.  A pilot's estimate over ``max_seconds`` is a ValueError
-    saying the estimate and what to change."""
-    order = pilot_order(len(configs), PILOT)
+    """:func:`in_batches` over every configuration, the pilot first (see the module docstring),
+    a stratum at a time: ``(rows, skipped)`` of all of them.  A pilot's estimate over
+    ``max_seconds`` is a ValueError saying the estimate and what to change."""
+    plan = pilot_plan(configs, PILOT)
     progress = Progress(len(configs))
     progress.send(0)
     rows: list = []
     skipped: list = []
-    first = 0
-    if len(order) > 2 * PILOT:
-        first = PILOT
+    estimate = spent = 0.0
+    for indices, size in plan:
         start = time.perf_counter()
-        rows, skipped = in_batches([configs[i] for i in order[:first]], step, run, progress)
-        spent = time.perf_counter() - start
-        estimate = spent * len(configs) / first
-        if max_seconds is not None and estimate > max_seconds:
-            raise ValueError(
-                f"this sweep of every row would take about {format_seconds(estimate)} here: {len(configs):,} "
-                f"configurations, timed on {first} spread over the grid ({spent:.1f} s), over the limit of "
-                f"{format_seconds(max_seconds)}; narrow the grid, ask for the best rows only (--top N), or allow "
-                f"it (--max-time {math.ceil(estimate * 1.5)}, max_seconds=)")
-    more, bad = in_batches([configs[i] for i in order[first:]], step, run, progress)
+        got = in_batches([configs[i] for i in indices], step, run, progress)
+        took = time.perf_counter() - start
+        rows, skipped, spent = rows + got[0], skipped + got[1], spent + took
+        estimate += took * size / len(indices)
+    if plan and max_seconds is not None and estimate > max_seconds:
+        timed = sum(len(indices) for indices, _ in plan)
+        raise ValueError(
+            f"this sweep of every row would take about {format_seconds(estimate)} here ({estimate:.0f} s): "
+            f"{len(configs):,} configurations, timed on {timed} of them drawn from its {len(plan)} groups of "
+            f"like ones ({spent:.1f} s), over the limit of {max_seconds:g} s; narrow the grid, ask for the best rows only "
+            f"(--top N), or allow it (--max-time {math.ceil(estimate * 1.5)}, "
+            f"max_seconds={math.ceil(estimate * 1.5)})")
+    done = {i for indices, _ in plan for i in indices}
+    more, bad = in_batches([c for i, c in enumerate(configs) if i not in done], step, run, progress)
     return rows + more, skipped + bad

@@ -183,6 +183,8 @@ def sweep(source: Any, grid: Mapping, *, gpus: int, global_batch: int, score: st
                 run_configs, part, builder, kwargs, shards)
 
         if top is None:
+            if cluster is None:  # the compiled pass loads (about a second) before the pilot is timed
+                get_backend(backend).fused(math.inf)
             rows, bad = paced(configs, run, step, max_seconds)
             counts = {"searched": len(configs), "pruned": 0, "invalid": 0, "infeasible": 0}
         else:

@@ -14,7 +14,7 @@ from paths import EXAMPLES
 
 from gpuknap import sweep
 from gpuknap.engine import reporting
-from gpuknap.sweep import PILOT, pilot_order
+from gpuknap.sweep import PILOT, pilot_plan
 
 pace = importlib.import_module("gpuknap.sweep._pace")
 sweep_mod = importlib.import_module("gpuknap.sweep._sweep")
@@ -24,18 +24,33 @@ LLAMA = os.path.join(EXAMPLES, "llama2_70b.json")
 GRID = {"stages": [1, 2, 4], "tensor_parallel": [2, 4, 8], "micro_batch_size": [1, 2], "interleave": [1, 2]}
 
 
+def grid_configs(n, pairs):
+    """``n`` configurations whose (stages, interleave) cycle through ``pairs`` values fastest
+    (the grid's inner keys), as a stride through the grid would alias with."""
+    return [{"stages": 2 + (i // pairs) % 5, "interleave": 1 + i % pairs, "at": i} for i in range(n)]
+
+
 @settings(max_examples=200, deadline=None)
-@given(st.integers(0, 5000), st.integers(1, 64))
-def test_pilot_is_spread_over_the_grid_then_the_rest_in_order(n, pilot):
-    order = pilot_order(n, pilot)
-    assert sorted(order) == list(range(n))
+@given(st.integers(0, 3000), st.integers(1, 40), st.integers(1, 48))
+def test_pilot_draws_from_every_stages_x_interleave_group(n, pairs, pilot):
+    configs = grid_configs(n, pairs)
+    plan = pilot_plan(configs, pilot)
     if n <= 2 * pilot:
-        assert order == list(range(n))
+        assert plan == []
         return
-    first, rest = order[:pilot], order[pilot:]
-    assert rest == sorted(rest) and first == sorted(first) and first[0] == 0
-    gaps = [b - a for a, b in zip(first, first[1:] + [n])]  # every stretch of the grid is sampled
-    assert max(gaps) <= math.ceil(n / pilot) and min(gaps) >= n // pilot
+    drawn = [i for indices, _ in plan for i in indices]
+    assert len(drawn) == len(set(drawn)) == min(pilot, n) and sorted(drawn) == sorted(set(drawn))
+    groups = {}
+    for i, c in enumerate(configs):
+        groups.setdefault((c["stages"], c["interleave"]), []).append(i)
+    if len(groups) <= pilot:  # each group is a stratum with its size, drawn from at least once
+        assert sorted((tuple(g), len(g)) for g in groups.values()) == sorted(
+            (tuple(groups[(configs[idx[0]]["stages"], configs[idx[0]]["interleave"])]), size) for idx, size in plan)
+        for indices, size in plan:
+            key = {(configs[i]["stages"], configs[i]["interleave"]) for i in indices}
+            assert len(key) == 1 and 1 <= len(indices) <= size
+    assert sum(size for _, size in plan) == n
+    assert plan == pilot_plan(configs, pilot)  # the same draw every time
 
 
 class Clock:
@@ -57,24 +72,32 @@ def fake_run(log):
 
 
 def test_estimate_over_the_limit_refuses_after_the_pilot_alone(monkeypatch):
-    monkeypatch.setattr(pace, "time", Clock(5.0))  # the pilot takes 5 s: 100 configurations about 16 s
+    """Ten groups of ten, a pilot of 32: it draws 4, 4 and then 3 from each, a group at a time; each
+    group's run takes 5 s (the clock ticks 5 s a reading), so the estimate is
+    2 x 5 x 10 / 4 + 8 x 5 x 10 / 3 = 158.3 s."""
+    configs = grid_configs(100, 2)
+    monkeypatch.setattr(pace, "PILOT", 32)
+    monkeypatch.setattr(pace, "time", Clock(5.0))
     log = []
-    with pytest.raises(ValueError, match=r"about 16 s here: 100 configurations, timed on 32 .* over the limit of 15 s"
-                                         r".*--max-time 24"):
-        pace.paced(list(range(100)), fake_run(log), 128, 15.0)
-    assert log == [[i * 100 // PILOT for i in range(PILOT)]]
-    for limit in (16.0, None):  # at the estimate, or no limit: every configuration once
+    with pytest.raises(ValueError, match=r"about 3 min here \(158 s\): 100 configurations, timed on 32 of them drawn "
+                                         r"from its 10 groups of like ones \(50.0 s\), over the limit of 150 s.*"
+                                         r"--max-time 238, max_seconds=238"):
+        pace.paced(configs, fake_run(log), 128, 150.0)
+    assert len(log) == 10 and sorted(map(len, log)) == [3] * 8 + [4] * 2  # the pilot alone ran
+    assert all(len({(c["stages"], c["interleave"]) for c in part}) == 1 for part in log)
+    for limit in (159.0, None):  # under the estimate, or no limit: every configuration once
         log = []
-        rows, skipped = pace.paced(list(range(100)), fake_run(log), 10, limit)
-        assert sorted(r["config"] for r in rows) == list(range(100)) and skipped == []
-        assert max(map(len, log)) <= 10 and log[0][:2] == [0, 3]  # batches of 10 at most, the pilot first
+        rows, skipped = pace.paced(configs, fake_run(log), 10, limit)
+        assert sorted(r["config"]["at"] for r in rows) == list(range(100)) and skipped == []
+        assert max(map(len, log)) <= 10 and len(log) == 10 + 7  # the pilot's groups, then 68 in batches of 10
 
 
 def test_small_grids_run_no_pilot_and_are_never_refused(monkeypatch):
     monkeypatch.setattr(pace, "time", Clock(1e9))
     log = []
-    rows, _ = pace.paced(list(range(2 * PILOT)), fake_run(log), 1000, 1.0)
-    assert log == [list(range(2 * PILOT))]
+    configs = grid_configs(2 * PILOT, 3)
+    rows, _ = pace.paced(configs, fake_run(log), 1000, 1.0)
+    assert log == [configs]
 
 
 def test_progress_counts_configurations_over_the_whole_sweep():
@@ -90,7 +113,7 @@ def test_progress_counts_configurations_over_the_whole_sweep():
 
     seen = []
     with reporting(lambda *a: seen.append(a)):
-        pace.paced(list(range(300)), run, 50, None)
+        pace.paced(grid_configs(300, 4), run, 50, None)
     assert {stage for stage, _, _ in seen} == {"configurations"} and {n for _, _, n in seen} == {300}
     done = [d for _, d, _ in seen]
     assert done[0] == 0 and done[-1] == 300 and done == sorted(done)
@@ -99,12 +122,12 @@ def test_progress_counts_configurations_over_the_whole_sweep():
 
 def test_pilot_rows_are_the_sweeps_rows_and_refusal_names_the_flag(monkeypatch):
     whole = sweep(LLAMA, GRID, gpus=32, global_batch=64, backend="numpy", bucket=16 * 2**20)
-    monkeypatch.setattr(pace, "PILOT", 4)  # 30 valid configurations: a pilot of 4, then the rest
+    monkeypatch.setattr(pace, "PILOT", 4)  # 30 valid configurations in 2 interleave groups (5 pairs > 4): a pilot of 4
     monkeypatch.setattr(sweep_mod, "BATCH", 7)
     piloted = sweep(LLAMA, GRID, gpus=32, global_batch=64, backend="numpy", bucket=16 * 2**20)
     assert json.dumps(piloted.rows) == json.dumps(whole.rows) and piloted.skipped == whole.skipped
     monkeypatch.setattr(pace, "time", Clock(100.0))
-    with pytest.raises(ValueError, match="would take about 12 min here: 30 configurations, timed on 4"):
+    with pytest.raises(ValueError, match=r"would take about 25 min here \(1500 s\): 30 configurations, timed on 4"):
         sweep(LLAMA, GRID, gpus=32, global_batch=64, backend="numpy", bucket=16 * 2**20, max_seconds=60)
     assert len(sweep(LLAMA, GRID, gpus=32, global_batch=64, backend="numpy", bucket=16 * 2**20, top=3,
                      max_seconds=60).rows) == 3  # the best rows only: no pilot, no estimate
@@ -122,7 +145,7 @@ def test_cli_refusal_is_one_line_and_bad_max_time_exits_2(monkeypatch, capsys):
             "--micro-batch-size", "1,2", "--interleave", "1,2", "--all", "--backend", "numpy", "--bucket", "16MiB"]
     assert main(["sweep", *args, "--max-time", "600"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "about 12 min here" in err[0] and "--max-time 1125" in err[0], err
+    assert len(err) == 1 and "about 25 min here (1500 s)" in err[0] and "--max-time 2250" in err[0], err
     for bad in ("0", "x", "-5", "inf"):
         assert main(["sweep", *args, "--max-time", bad]) == 2
         err = capsys.readouterr().err.strip().splitlines()
@@ -141,7 +164,7 @@ def test_the_line_says_the_time_left_of_the_configurations_phase(monkeypatch):
         clock.now = at
         bar(stage, done, total)
     lines = [x.strip() for x in out.getvalue().split("\r") if x.strip()]
-    assert lines[0].startswith("configurations (phase 1)") and "left" not in lines[0]
+    assert lines[0].startswith("configurations [.....") and "left" not in lines[0]  # (one label: no phase number)
     assert lines[1].startswith("configurations [#####") and lines[1].endswith("31.0 s, ~90 s left"), lines[1]
     assert lines[2].startswith("DP passes (phase 2)") and "left" not in lines[2]
     assert all(len(x) <= progress_mod.WIDTH for x in lines)
