@@ -44,6 +44,8 @@ def best_emit(args: argparse.Namespace, spec: Any, stages: int, chunks: int, in_
         raise ValueError(f"--bound: certifies the unconstrained search's bucketing; the {name}-constrained search "
                          "compares exact bytes (drop --bound or --emit)")
     free = best_splits(model, stages, 1, args.score, spec.bucket, backend, in_flight, max_bytes, interleave=chunks)
+    if getattr(free, "refusal", ""):  # stopped at a cap: the constrained search would stop there too, later
+        raise ValueError(free.refusal)
     try:
         mtp = formats.mtp_layers(spec.source)
         found = constrained_splits(model, stages, name, args.top, args.score, spec.bucket, backend, in_flight,

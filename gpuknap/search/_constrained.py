@@ -71,8 +71,10 @@ def plain_constrained(model: PipelineModel, rule: Rule, stages: int, top: int, s
                   for k, v in model.fronts.items()}
         restricted = PipelineModel(model.kinds, fronts, model.static, model.capacity, model.micro_batches,
                                    model.reserved, costs=model.costs)
-        for counts, value, choice in plain_search(restricted, stages, top, score, bucket, backend, in_flight,
-                                                  max_bytes, exclusive):
+        found = plain_search(restricted, stages, top, score, bucket, backend, in_flight, max_bytes, exclusive)
+        if found.refusal:  # a framework's settings are emitted from an exact search only
+            raise ValueError(found.refusal)
+        for counts, value, choice in found:
             names = restricted.option_names(list(counts), choice, in_flight)
             names = in_order(model, counts, names, rule.levels)
             out.append((counts, value, run_names(model, counts, names, in_flight)[3], names, [None] * stages))

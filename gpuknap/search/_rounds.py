@@ -78,6 +78,8 @@ class Found(list):
     exact: bool = True
     lower_bound: float = math.nan
     why: str = ""
+    #: Where a search stopped at a cap: the refusal a caller that needs the exact answer raises.
+    refusal: str = ""
 
 
 class Unfinished(ValueError):
@@ -87,6 +89,7 @@ class Unfinished(ValueError):
     scored; ``why``: what the cap met, in a phrase."""
 
     def __init__(self, message: str, why: str):
+        self.message = message
         super().__init__(message)
         self.why = why
         self.splits: Any = None
@@ -126,11 +129,11 @@ def certified_rounds(score: Score, first: float, total: float, top: int) -> Gene
         try:
             found = score.top(table, top)
         except Unfinished as stop:  # the best found, with a bound on any split's score: not proven
-            if stop.found is None:
+            if not stop.found:  # (nothing found yet: the refusal stands)
                 raise
             out = Found(stop.found)
             reach = score.reach(limit) * (1 - MARGIN) if table.pruned else math.inf  # (splits left out)
-            out.exact, out.why = False, stop.why
+            out.exact, out.why, out.refusal = False, stop.why, stop.message
             out.lower_bound = min(stop.lower, reach, out[0][1] if out else math.inf)
             return out
         if not table.pruned:

@@ -416,3 +416,39 @@ def test_the_command_line_says_a_capped_search_is_not_proven(monkeypatch, capsys
     data = json.loads(capsys.readouterr().out)
     assert data["exact"] is False and data["optimum_lower_bound"] <= data["results"][0]["score"]
     assert f"{data['optimum_lower_bound']:.6g}" in last
+
+
+def test_a_capped_search_that_found_nothing_or_feeds_emit_refuses(monkeypatch, capsys):
+    """A walk stopped before it simulated any split has no answer to give: it refuses (a red
+    team's random model, beam of 2, one partial split). Settings for a framework are emitted
+    from an exact search only: ``--emit`` refuses a capped search in one line, exit 2, and so
+    does the constrained search through the API (it had called a capped answer exact)."""
+    import os
+
+    import gpuknap.search._simulated as search_simulated
+    from gpuknap import load_spec
+    from gpuknap.cli import main
+    from gpuknap.search import constrained_splits
+    from paths import EXAMPLES
+
+    rng = random.Random(1898)
+    p = rng.randint(2, 6)
+    model = shaped_model(rng, rng.randint(p, min(p + 7, 12)), p)
+    assert brute_simulated(model, p, 1)  # feasible splits exist
+    monkeypatch.setattr(search_simulated, "BEAM", 2)
+    monkeypatch.setattr(search_simulated, "MAX_EXPANDED", 1)
+    with pytest.raises(ValueError, match="expand over 1 partial splits"):
+        best_splits(model, p, 1, "simulated", 1, backend="numpy")
+    monkeypatch.setattr(search_simulated, "BEAM", 64)
+    monkeypatch.setattr(search_simulated, "MAX_EXPANDED", 30_000_000)
+    monkeypatch.setattr(search_simulated, "MAX_SIMULATED", 5_000)
+    path = os.path.join(EXAMPLES, "llama2_70b.json")
+    for name in ("mindformers", "megatron"):
+        assert main(["best", path, "--stages", "40", "--score", "simulated", "--micro-batches", "8", "--emit", name,
+                     "--backend", "numpy", "--quiet"]) == 2
+        captured = capsys.readouterr()
+        err = captured.err.strip().splitlines()
+        assert len(err) == 1 and "simulate over 5,000 splits" in err[0] and not captured.out, err
+    spec = load_spec(path, micro_batches=8)
+    with pytest.raises(ValueError, match="simulate over 5,000 splits"):
+        constrained_splits(spec.model, 40, "mindformers", 1, "simulated", spec.bucket, "numpy")
