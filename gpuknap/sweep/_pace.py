@@ -7,7 +7,8 @@ sweep's time cannot be read off its grid.  It is measured instead: a grid of mor
 ``2 * PILOT`` configurations first runs a *pilot* of :data:`PILOT` configurations drawn
 from each group of like ones (:func:`pilot_plan`), a group at a time.  Each group's time
 per configuration, times the group's size, summed, is the estimate; over ``max_seconds``
-the sweep is refused then, before the rest runs, with the estimate and what to change.
+the sweep is refused then, before the rest runs (or as soon as the groups timed so far
+add up to more), with the estimate and what to change.
 Accepted, the pilot's rows are kept: a configuration's rows are those of its search
 alone, whatever batch it runs in.
 
@@ -124,20 +125,20 @@ def paced(configs: list, run: Callable[[list], tuple[list, list]], step: int,
     rows: list = []
     skipped: list = []
     estimate = spent = 0.0
-    for indices, size in plan:
+    timed = 0
+    for g, (indices, size) in enumerate(plan, 1):
         start = time.perf_counter()
         got = in_batches([configs[i] for i in indices], step, run, progress)
         took = time.perf_counter() - start
-        rows, skipped, spent = rows + got[0], skipped + got[1], spent + took
+        rows, skipped, spent, timed = rows + got[0], skipped + got[1], spent + took, timed + len(indices)
         estimate += took * size / len(indices)
-    if plan and max_seconds is not None and estimate > max_seconds:
-        timed = sum(len(indices) for indices, _ in plan)
-        raise ValueError(
-            f"this sweep of every row would take about {format_seconds(estimate)} here ({estimate:.0f} s): "
-            f"{len(configs):,} configurations, timed on {timed} of them drawn from its {len(plan)} groups of "
-            f"like ones ({spent:.1f} s), over the limit of {max_seconds:g} s; narrow the grid, ask for the best rows only "
-            f"(--top N), or allow it (--max-time {math.ceil(estimate * 1.5)}, "
-            f"max_seconds={math.ceil(estimate * 1.5)})")
+        if max_seconds is not None and estimate > max_seconds:  # (the groups left only add to it)
+            raise ValueError(
+                f"this sweep of every row would take {'about' if g == len(plan) else 'over'} "
+                f"{format_seconds(estimate)} here ({estimate:.0f} s): {len(configs):,} configurations, timed on "
+                f"{timed} of them drawn from {g} of its {len(plan)} groups of like ones ({spent:.1f} s), over the "
+                f"limit of {max_seconds:g} s; narrow the grid, ask for the best rows only (--top N), or allow it "
+                f"(--max-time {math.ceil(estimate * 1.5)}, max_seconds={math.ceil(estimate * 1.5)})")
     done = {i for indices, _ in plan for i in indices}
     more, bad = in_batches([c for i, c in enumerate(configs) if i not in done], step, run, progress)
     return rows + more, skipped + bad

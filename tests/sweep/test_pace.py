@@ -80,11 +80,16 @@ def test_estimate_over_the_limit_refuses_after_the_pilot_alone(monkeypatch):
     monkeypatch.setattr(pace, "time", Clock(5.0))
     log = []
     with pytest.raises(ValueError, match=r"about 3 min here \(158 s\): 100 configurations, timed on 32 of them drawn "
-                                         r"from its 10 groups of like ones \(50.0 s\), over the limit of 150 s.*"
+                                         r"from 10 of its 10 groups of like ones \(50.0 s\), over the limit of 150 s.*"
                                          r"--max-time 238, max_seconds=238"):
         pace.paced(configs, fake_run(log), 128, 150.0)
     assert len(log) == 10 and sorted(map(len, log)) == [3] * 8 + [4] * 2  # the pilot alone ran
     assert all(len({(c["stages"], c["interleave"]) for c in part}) == 1 for part in log)
+    log = []  # the groups timed so far already over the limit: refused before the others run
+    with pytest.raises(ValueError, match=r"would take over 42 s here \(42 s\): 100 configurations, timed on 11 of "
+                                         r"them drawn from 3 of its 10 groups"):
+        pace.paced(configs, fake_run(log), 128, 30.0)
+    assert [len(part) for part in log] == [4, 4, 3]
     for limit in (159.0, None):  # under the estimate, or no limit: every configuration once
         log = []
         rows, skipped = pace.paced(configs, fake_run(log), 10, limit)
@@ -127,7 +132,8 @@ def test_pilot_rows_are_the_sweeps_rows_and_refusal_names_the_flag(monkeypatch):
     piloted = sweep(LLAMA, GRID, gpus=32, global_batch=64, backend="numpy", bucket=16 * 2**20)
     assert json.dumps(piloted.rows) == json.dumps(whole.rows) and piloted.skipped == whole.skipped
     monkeypatch.setattr(pace, "time", Clock(100.0))
-    with pytest.raises(ValueError, match=r"would take about 25 min here \(1500 s\): 30 configurations, timed on 4"):
+    with pytest.raises(ValueError, match=r"would take over 15 min here \(900 s\): 30 configurations, timed on 2 "
+                                         r"of them drawn from 1 of its"):  # (the first group alone is over)
         sweep(LLAMA, GRID, gpus=32, global_batch=64, backend="numpy", bucket=16 * 2**20, max_seconds=60)
     assert len(sweep(LLAMA, GRID, gpus=32, global_batch=64, backend="numpy", bucket=16 * 2**20, top=3,
                      max_seconds=60).rows) == 3  # the best rows only: no pilot, no estimate
@@ -145,7 +151,7 @@ def test_cli_refusal_is_one_line_and_bad_max_time_exits_2(monkeypatch, capsys):
             "--micro-batch-size", "1,2", "--interleave", "1,2", "--all", "--backend", "numpy", "--bucket", "16MiB"]
     assert main(["sweep", *args, "--max-time", "600"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "about 25 min here (1500 s)" in err[0] and "--max-time 2250" in err[0], err
+    assert len(err) == 1 and "over 15 min here (900 s)" in err[0] and "--max-time 1350" in err[0], err
     for bad in ("0", "x", "-5", "inf"):
         assert main(["sweep", *args, "--max-time", bad]) == 2
         err = capsys.readouterr().err.strip().splitlines()
