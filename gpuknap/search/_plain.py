@@ -158,9 +158,8 @@ def plain_search(model: PipelineModel, stages: int, top: int, score: str, bucket
         relaxed = SegmentSource(model, stages, bucket, in_flight, exclusive, relaxed=True)
         bounds = [value for _, value in run_rounds(relaxed.rounds(score, len(found)), relaxed, solve)]
     out = Found()  # not exact only where a score's search stopped at a cap (the best it found)
-    out.exact, out.why, out.refusal = (getattr(found, k, d) for k, d in (("exact", True), ("why", ""),
-                                                                          ("refusal", "")))
-    out.lower_bound = getattr(found, "lower_bound", math.nan)
+    if isinstance(found, Found):
+        out.exact, out.why, out.refusal, out.lower_bound = found.exact, found.why, found.refusal, found.lower_bound
     for i, (counts, value) in enumerate(found):
         choices = source.choices(counts)
         entry = (tuple(int(c) for c in counts), float(value), PipelineChoice(choices, tuple(c.time for c in choices)))

@@ -89,11 +89,11 @@ class Unfinished(ValueError):
     scored; ``why``: what the cap met, in a phrase."""
 
     def __init__(self, message: str, why: str):
-        self.message = message
         super().__init__(message)
         self.why = why
         self.splits: Any = None
         self.lower = math.nan
+        self.frontier = -math.inf  # (the walk's own: a bound on the splits its stopped pass left)
         self.found: list | None = None
 
 
@@ -133,8 +133,8 @@ def certified_rounds(score: Score, first: float, total: float, top: int) -> Gene
                 raise
             out = Found(stop.found)
             reach = score.reach(limit) * (1 - MARGIN) if table.pruned else math.inf  # (splits left out)
-            out.exact, out.why, out.refusal = False, stop.why, stop.message
-            out.lower_bound = min(stop.lower, reach, out[0][1] if out else math.inf)
+            out.exact, out.why, out.refusal = False, stop.why, str(stop)
+            out.lower_bound = min(stop.lower, reach, out[0][1])
             return out
         if not table.pruned:
             return found

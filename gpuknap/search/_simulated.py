@@ -215,9 +215,13 @@ class _Found:
 
     def best(self, count: int = 8) -> np.ndarray:
         """The ``count`` splits simulated fastest so far (by their high time)."""
-        splits = np.concatenate([part[0] for part in self.parts])
-        high = np.concatenate([part[2] for part in self.parts])
-        return splits[np.argsort(high, kind="stable")[:count]]
+        return self.split(count)[0]
+
+    def split(self, count: int) -> tuple[np.ndarray, float]:
+        """:meth:`best` and the least low time of the other splits simulated (inf when none)."""
+        splits, lows, highs = (np.concatenate([part[i] for part in self.parts]) for i in range(3))
+        order = np.argsort(highs, kind="stable")
+        return splits[order[:count]], float(lows[order[count:]].min(initial=math.inf))
 
     def candidates(self, p: int) -> np.ndarray:
         if not self.parts:
@@ -280,12 +284,9 @@ def search(B: Bounds, top: int, max_bytes: int | None, first: tuple | None = Non
                 budget = None  # the same, before a pass that would run long starts
                 cuts = improve()
     except Unfinished as stop:  # stopped at a cap: the best found (ranked by exact times later), and a bound
-        splits, lows, highs = (np.concatenate([part[i] for part in found.parts]) for i in range(3))  # on the rest:
-        order = np.argsort(highs, kind="stable")  # a split not simulated is above the last pass's cut, or this
-        stop.splits = splits[order[:max(top, RANKED)]]  # pass's or under a node left; one simulated and not
-        rest = float(lows[order[max(top, RANKED):]].min(initial=math.inf))  # ranked is above its low time
-        stop.lower = min(max(proven, getattr(stop, "frontier", -math.inf)), rest) * (1 - SLACK)  # (rounding)
-        raise
+        stop.splits, rest = found.split(max(top, RANKED))  # on the rest: a split not simulated is above the
+        stop.lower = min(max(proven, stop.frontier), rest) * (1 - SLACK)  # last pass's cut, or this pass's or
+        raise  # under a node left; one simulated and not ranked is above its low time (rounding: the slack)
     return found.candidates(p)
 
 
