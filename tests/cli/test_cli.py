@@ -158,6 +158,22 @@ def test_best_interleaved_json_plot_and_simulated_times(tmp_path):
     assert "4 stages x 2 chunks" in human and "simulated schedule" in human
 
 
+def test_simulated_score_is_the_timeline_without_sends():
+    """On a cost-modelled model (sends between stages), ``best --score simulated`` ranks by
+    the schedule without sends: its score is ``timeline --p2p 0``'s iteration time, bit for
+    bit, and ``timeline`` without ``--p2p`` (the model's sends) is longer."""
+    qwen = os.path.join(EXAMPLES, "qwen2_7b_config.json")
+    common = ("--seq", "4096", "--micro-batches", "8")
+    best = json.loads(run("best", qwen, *common, "--stages", "4", "--score", "simulated", "--json",
+                          check_rc=0).stdout)["results"][0]
+    counts = ",".join(map(str, best["counts"]))
+    bare = json.loads(run("timeline", qwen, *common, "--counts", counts, "--p2p", "0", "--json",
+                          check_rc=0).stdout)["timeline"]["iteration_time"]
+    sent = json.loads(run("timeline", qwen, *common, "--counts", counts, "--json",
+                          check_rc=0).stdout)["timeline"]["iteration_time"]
+    assert best["score"] == bare < sent
+
+
 def test_best_interleaved_local_search_says_so(tmp_path):
     spec = {"device": {"capacity": "80 GiB"}, "pipeline": {"stages": 2, "micro_batches": 4},
             "kinds": {k: {"static": "1 GiB", "options": [{"name": "none", "memory": "1 GiB",
