@@ -10,8 +10,8 @@ capacity any problem below it reads, so rows narrow as stages fill up.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from operator import itemgetter
-from typing import Hashable, NamedTuple, Sequence
+from itertools import chain
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
@@ -110,68 +110,98 @@ def plan_chunks(problems: Sequence[Knapsack], max_bytes: int, bucket: float,
     chunk's own passes, so a deep chain with a branch at every level is not
     computed once per chunk.
 
-    Returns chunks of ``(runs, [(capacity, ident), ...])``.  A step sequence
-    whose row alone needs more than ``target`` gets a chunk of its own; one too
-    wide for ``max_bytes`` raises ValueError naming a bucket that would fit.
+    Returns chunks of ``(runs, [(capacity, ident), ...])``, the sequences in the
+    order of :func:`_coded`.  A step sequence whose row alone needs more than
+    ``target`` gets a chunk of its own; one too wide for ``max_bytes`` raises
+    ValueError naming a bucket that would fit.
     """
     target = max_bytes if target is None else min(target, max_bytes)
-    by_runs: dict[tuple, list] = {}
-    for p in problems:
-        reads = by_runs.get(p.runs)
-        if reads is None:
-            by_runs[p.runs] = [(p.capacity, p.ident)]
-        else:
-            reads.append((p.capacity, p.ident))
-    key_ids: dict[Hashable, int] = {}
-    coded = []
-    for runs in by_runs:
-        coded.append((tuple([(key_ids.setdefault(k, len(key_ids)), n) for k, n in runs]), runs))
-    coded.sort(key=itemgetter(0))
+    index: dict[tuple, int] = {}
+    group = [index.setdefault(p.runs, len(index)) for p in problems]
+    reads: list[list] = [[] for _ in range(len(index))]
+    for (_, capacity, ident), g in zip(problems, group):
+        reads[g].append((capacity, ident))
+    widest = np.full(len(index), -1, dtype=np.int64)
+    np.maximum.at(widest, np.asarray(group, dtype=np.int64),
+                  np.fromiter((p.capacity for p in problems), dtype=np.int64, count=len(problems)))
+    sequences = list(index)
+    _, order, _, _, shared, depth = _coded(sequences)
     unit = row_bytes(0)
+    need = unit * (widest[order] + 1)
+    over = np.flatnonzero(need > max_bytes)
+    if len(over):
+        raise ValueError(too_wide(int(widest[order[over[0]]]), max_bytes, bucket))
     chunks: list[list[tuple]] = []
     current: list[tuple] = []
-    used = 0
-    previous, depth = (), 0  # the sequence before (coded), and its steps
-    work = 0  # the current chunk's passes, in steps x row bytes
-    held = group = 0  # its working memory, counting a chain of sequences as one row; that row's bytes
-    for code, runs in coded:
-        reads = by_runs[runs]
-        need = unit * (max([c for c, _ in reads]) + 1)
-        if need > max_bytes:
-            raise ValueError(too_wide(need // unit - 1, max_bytes, bucket))
+    used = work = 0  # the current chunk's bytes and passes (steps x row bytes)
+    held = row = 0  # its working memory, counting a chain of sequences as one row; that row's bytes
+    before = 0  # the steps of the sequence before
+    for i, n, s, d in zip(order.tolist(), need.tolist(), shared.tolist(), depth.tolist()):
         # A sequence that extends the previous one lies on its trie path: one row per level
         # for the whole chain, so against the limit it adds only what it widens that row by.
-        shared = _shared_steps(code, previous)  # passes a cut here would compute again
-        chained = bool(current) and shared == depth  # it extends the previous sequence
-        grows = max(need - group, 0) if chained else need
-        if current and (held + grows > max_bytes
-                        or (used + need > target and shared * need <= RECOMPUTE_SHARE * work)):
+        # ``s``: the passes a cut here would compute again.
+        chained = bool(current) and s == before
+        grows = max(n - row, 0) if chained else n
+        if current and (held + grows > max_bytes or (used + n > target and s * n <= RECOMPUTE_SHARE * work)):
             chunks.append(current)
-            current, used, work, shared, held, chained, grows = [], 0, 0, 0, 0, False, need
-        group = max(group, need) if chained else need
-        depth = 0
-        for _, n in code:
-            depth += n
-        previous = code
-        current.append((runs, reads))
-        used += need
+            current, used, work, s, held, chained, grows = [], 0, 0, 0, 0, False, n
+        row = max(row, n) if chained else n
+        before = d
+        current.append((sequences[i], reads[i]))
+        used += n
         held += grows
-        work += (depth - shared) * need
+        work += (d - s) * n
     if current:
         chunks.append(current)
     return chunks
 
 
-def _shared_steps(runs: tuple, previous: tuple) -> int:
-    """How many first steps ``runs`` and ``previous`` have in common."""
-    steps = 0
-    for (key, n), (other, m) in zip(runs, previous):
-        if key != other:
-            break
-        steps += min(n, m)
-        if n != m:
-            break
-    return steps
+def _coded(sequences: Sequence[tuple]) -> tuple:
+    """Step sequences (tuples of ``(key, count)`` runs) as integer rows:
+    ``(keys, order, sid, count, shared, depth)``.  Keys are numbered by first
+    appearance; ``order`` sorts the sequences as tuples of ``(key number, count)``
+    pairs sort (stable); ``sid`` and ``count`` are the sorted runs padded with
+    ``(-1, 0)``; per sorted sequence, ``shared`` is how many first steps it has in
+    common with the one before (0 for the first) and ``depth`` its steps."""
+    n = len(sequences)
+    lengths = np.fromiter(map(len, sequences), dtype=np.int64, count=n)
+    flat = list(chain.from_iterable(sequences))
+    names = [key for key, _ in flat]
+    ids = {key: i for i, key in enumerate(dict.fromkeys(names))}
+    width = int(lengths.max()) if n else 0
+    sid = np.full((n, width), -1, dtype=np.int64)
+    count = np.zeros((n, width), dtype=np.int64)
+    at = (np.repeat(np.arange(n), lengths), np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths))
+    sid[at] = np.fromiter(map(ids.__getitem__, names), dtype=np.int64, count=len(flat))
+    count[at] = np.fromiter((c for _, c in flat), dtype=np.int64, count=len(flat))
+    if width:  # the first run's key number is the last (primary) sort key
+        order = np.lexsort([col for r in range(width - 1, -1, -1) for col in (count[:, r], sid[:, r])])
+        sid, count = sid[order], count[order]
+    else:
+        order = np.arange(n)
+    depth = count.sum(axis=1)
+    shared = np.zeros(n, dtype=np.int64)
+    if n > 1 and width:
+        same_key = sid[1:] == sid[:-1]
+        same = same_key & (count[1:] == count[:-1])
+        runs = np.where(same.all(axis=1), width, np.argmin(same, axis=1))  # whole runs in common
+        steps = np.concatenate([np.zeros((n - 1, 1), dtype=np.int64), np.cumsum(count[1:], axis=1)], axis=1)
+        r, k = np.arange(n - 1), np.minimum(runs, width - 1)
+        part = (runs < width) & same_key[r, k] & (sid[1:][r, k] >= 0)  # then the shorter of one more run
+        shared[1:] = steps[r, runs] + np.where(part, np.minimum(count[1:][r, k], count[:-1][r, k]), 0)
+    return list(ids), order, sid, count, shared, depth
+
+
+def _last_below(values: list) -> np.ndarray:
+    """Per position i, the last position j < i with ``values[j] < values[i]`` (-1: none)."""
+    out = np.empty(len(values), dtype=np.int64)
+    stack: list[tuple] = []  # (value, position), values increasing
+    for i, v in enumerate(values):
+        while stack and stack[-1][0] >= v:
+            stack.pop()
+        out[i] = stack[-1][1] if stack else -1
+        stack.append((v, i))
+    return out
 
 
 def _source_row(parents: np.ndarray) -> int:
@@ -182,73 +212,35 @@ def _source_row(parents: np.ndarray) -> int:
 
 
 def build_chunk(entries: Sequence[tuple], table: FrontTable) -> Chunk:
-    """Build the trie levels of one chunk of ``(runs, reads)`` entries.
+    """Build the trie levels of one chunk of ``(runs, reads)`` entries, in any order.
 
-    The entries are ordered by their runs (as :func:`plan_chunks` orders them):
-    then the steps a sequence shares with any earlier one are those it shares
-    with the one just before, so only that pair is compared, run by run, and
-    the sequence's new nodes are numbered in one go; parents, steps and widths
-    are then array operations over all nodes.
+    Sorted (:func:`_coded`), the steps a sequence shares with any earlier one are
+    those it shares with the one just before; it adds a node at each depth below
+    those.  The node it branches from is on the path of the last earlier sequence
+    that shares fewer steps with its predecessor (every sequence between keeps that
+    path down to this depth), so parents, steps, depths and readouts are array
+    operations over all nodes.
     """
-    key_ids: dict[Hashable, int] = {}
-    keys: list[Hashable] = []
-    coded = []
-    for runs, reads in entries:
-        row = []
-        for key, count in runs:
-            sid = key_ids.get(key)
-            if sid is None:
-                sid = key_ids[key] = len(keys)
-                keys.append(key)
-            row.append((sid, count))
-        coded.append((tuple(row), reads))
-    coded.sort(key=lambda entry: entry[0])
-    path = [0]  # the node at each depth of the sequence before
-    previous: tuple = ()
-    count = steps = 0  # nodes numbered so far (after the root), steps of every sequence so far
-    first_parent, shared_at, news, seq_from = [], [], [], []
-    run_sids, run_counts = [], []
-    read_node, read_cap, read_id = [], [], []
-    for runs, reads in coded:
-        shared = 0
-        for (sid, n), (other, m) in zip(runs, previous):
-            if sid != other:
-                break
-            shared += min(n, m)
-            if n != m:
-                break
-        depth = 0
-        for sid, n in runs:
-            run_sids.append(sid)
-            run_counts.append(n)
-            depth += n
-        if depth > shared:  # new nodes count + 1 .. count + new at depths shared + 1 .. depth
-            first_parent.append(path[shared])
-            shared_at.append(shared)
-            news.append(depth - shared)
-            seq_from.append(steps + shared)
-            del path[shared + 1:]
-            path.extend(range(count + 1, count + 1 + depth - shared))
-            count += depth - shared
-        elif len(path) > depth + 1:
-            del path[depth + 1:]
-        steps += depth
-        end = path[depth]
-        for cap, ident in reads:
-            read_node.append(end)
-            read_cap.append(cap)
-            read_id.append(ident)
-        previous = runs
-    news_a = np.asarray(news, dtype=np.int64)
-    within = np.arange(count, dtype=np.int64) - np.repeat(np.cumsum(news_a) - news_a, news_a)  # 0.. per sequence
-    parent = np.concatenate(([-1], np.arange(count, dtype=np.int64)))  # node i + 1 follows node i ...
-    firsts = np.cumsum(news_a) - news_a + 1
-    parent[firsts] = first_parent  # ... except the first new node of each sequence
-    depth = np.concatenate(([0], np.repeat(np.asarray(shared_at, dtype=np.int64), news_a) + within + 1))
-    flat = np.repeat(np.asarray(run_sids, dtype=np.int64), np.asarray(run_counts, dtype=np.int64))
-    step = np.concatenate(([-1], flat[np.repeat(np.asarray(seq_from, dtype=np.int64), news_a) + within]))
-    return _levels_of(parent, step, depth, np.asarray(read_node, dtype=np.int64),
-                      np.asarray(read_cap, dtype=np.int64), np.asarray(read_id, dtype=np.int64),
+    keys, order, sid, count, shared, depth = _coded([runs for runs, _ in entries])
+    news = depth - shared  # new nodes of each sequence, numbered in order from 1
+    ends = np.cumsum(news)
+    firsts = ends - news + 1
+    nodes = int(ends[-1]) if len(ends) else 0
+    last = _last_below(shared.tolist())
+    branch = np.where(shared > 0, firsts[last] + shared - shared[last] - 1, 0)  # node at depth `shared`
+    grown = news > 0
+    parent = np.concatenate(([-1], np.arange(nodes, dtype=np.int64)))  # node i + 1 follows node i ...
+    parent[firsts[grown]] = branch[grown]  # ... except the first new node of each sequence
+    within = np.arange(nodes, dtype=np.int64) - np.repeat(firsts - 1, news)  # 0.. per sequence
+    node_depth = np.concatenate(([0], np.repeat(shared, news) + within + 1))
+    padded = sid >= 0
+    flat = np.repeat(sid[padded], count[padded])  # every step of every sequence, in order
+    step = np.concatenate(([-1], flat[np.repeat(np.cumsum(depth) - depth + shared, news) + within]))
+    ordered = [entries[i][1] for i in order.tolist()]
+    reads = np.array(list(chain.from_iterable(ordered)), dtype=np.int64).reshape(-1, 2)
+    end = np.where(grown, ends, branch)
+    read_node = np.repeat(end, np.fromiter(map(len, ordered), dtype=np.int64, count=len(ordered)))
+    return _levels_of(parent, step, node_depth, read_node, reads[:, 0].copy(), reads[:, 1].copy(),
                       [table.get(*k) for k in keys])
 
 

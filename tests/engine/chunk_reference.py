@@ -1,13 +1,19 @@
-"""The trie of a chunk built node by node with a dict: the reference the array-built
-chunks of :func:`gpuknap.engine._batch.build_chunk` are compared with (the engine's
-builder before issue 24, kept verbatim apart from its name)."""
+"""References for the engine's chunks, kept verbatim apart from their names:
+
+- the trie of a chunk built node by node with a dict, which the array-built chunks of
+  :func:`gpuknap.engine._batch.build_chunk` are compared with (the engine's builder
+  before issue 24);
+- the chunk plan made one sequence at a time with Python tuples, which
+  :func:`gpuknap.engine._batch.plan_chunks` (sequences coded and compared as integer
+  arrays since 2026-12-03) is compared with."""
 from __future__ import annotations
 
+from operator import itemgetter
 from typing import Hashable, Sequence
 
 import numpy as np
 
-from gpuknap.engine._batch import Chunk, Level, _source_row
+from gpuknap.engine._batch import RECOMPUTE_SHARE, Chunk, Knapsack, Level, _source_row, row_bytes, too_wide
 from gpuknap.engine._options import FrontTable
 from gpuknap.engine._passes import Segment
 
@@ -78,3 +84,77 @@ def build_chunk_by_dict(entries: Sequence[tuple], table: FrontTable) -> Chunk:
             read_ids=np.asarray(ri, dtype=np.int64),
         ))
     return Chunk(root_width=int(need_a.max()) + 1, levels=levels)
+
+
+def plan_chunks_by_loop(problems: Sequence[Knapsack], max_bytes: int, bucket: float,
+                target: int | None = None) -> list[list[tuple]]:
+    """Group problems by step sequence and cut them into chunks under ``max_bytes``
+    and, where that costs little, under ``target`` bytes (default ``max_bytes``;
+    a smaller target keeps chunks cache-sized).  A cut makes the next chunk
+    compute again the passes its first sequence shares with the one before; the
+    target cuts only where those are at most :data:`RECOMPUTE_SHARE` of the
+    chunk's own passes, so a deep chain with a branch at every level is not
+    computed once per chunk.
+
+    Returns chunks of ``(runs, [(capacity, ident), ...])``.  A step sequence
+    whose row alone needs more than ``target`` gets a chunk of its own; one too
+    wide for ``max_bytes`` raises ValueError naming a bucket that would fit.
+    """
+    target = max_bytes if target is None else min(target, max_bytes)
+    by_runs: dict[tuple, list] = {}
+    for p in problems:
+        reads = by_runs.get(p.runs)
+        if reads is None:
+            by_runs[p.runs] = [(p.capacity, p.ident)]
+        else:
+            reads.append((p.capacity, p.ident))
+    key_ids: dict[Hashable, int] = {}
+    coded = []
+    for runs in by_runs:
+        coded.append((tuple([(key_ids.setdefault(k, len(key_ids)), n) for k, n in runs]), runs))
+    coded.sort(key=itemgetter(0))
+    unit = row_bytes(0)
+    chunks: list[list[tuple]] = []
+    current: list[tuple] = []
+    used = 0
+    previous, depth = (), 0  # the sequence before (coded), and its steps
+    work = 0  # the current chunk's passes, in steps x row bytes
+    held = group = 0  # its working memory, counting a chain of sequences as one row; that row's bytes
+    for code, runs in coded:
+        reads = by_runs[runs]
+        need = unit * (max([c for c, _ in reads]) + 1)
+        if need > max_bytes:
+            raise ValueError(too_wide(need // unit - 1, max_bytes, bucket))
+        # A sequence that extends the previous one lies on its trie path: one row per level
+        # for the whole chain, so against the limit it adds only what it widens that row by.
+        shared = _shared_steps(code, previous)  # passes a cut here would compute again
+        chained = bool(current) and shared == depth  # it extends the previous sequence
+        grows = max(need - group, 0) if chained else need
+        if current and (held + grows > max_bytes
+                        or (used + need > target and shared * need <= RECOMPUTE_SHARE * work)):
+            chunks.append(current)
+            current, used, work, shared, held, chained, grows = [], 0, 0, 0, 0, False, need
+        group = max(group, need) if chained else need
+        depth = 0
+        for _, n in code:
+            depth += n
+        previous = code
+        current.append((runs, reads))
+        used += need
+        held += grows
+        work += (depth - shared) * need
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+def _shared_steps(runs: tuple, previous: tuple) -> int:
+    """How many first steps ``runs`` and ``previous`` have in common."""
+    steps = 0
+    for (key, n), (other, m) in zip(runs, previous):
+        if key != other:
+            break
+        steps += min(n, m)
+        if n != m:
+            break
+    return steps
