@@ -55,6 +55,7 @@ from ._work import (
                        format_seconds,
                        listening,
                        max_cells,
+                       paused_collection,
                        report,
                        reporting,
                        work_limit,
@@ -71,5 +72,5 @@ __all__ = [
     "Solved", "check_max_bytes", "solve_knapsacks", "solve_problems",
     "Planner", "check_stages", "choose", "least_times", "pp_lite", "single_stage_memory", "suffix_times",
     "DEFAULT_MAX_CELLS", "MAX_TOP", "WorkTooLarge", "check_work", "counting", "format_bytes", "format_seconds",
-    "listening", "max_cells", "report", "reporting", "work_limit",
+    "listening", "max_cells", "paused_collection", "report", "reporting", "work_limit",
 ]

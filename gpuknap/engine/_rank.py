@@ -5,8 +5,6 @@ solved once; the rest go to the batched engine as knapsacks.
 """
 from __future__ import annotations
 
-import gc
-from contextlib import contextmanager
 from itertools import accumulate, chain, count
 from operator import attrgetter
 from typing import Any, Hashable, Mapping, Sequence
@@ -19,6 +17,7 @@ from ._problem import StageProblem, canonical, fronts_of
 from ._results import PipelineChoice, Stage
 from ._solve import check_max_bytes, solve_problems
 from ._stage import Planner, check_stages
+from ._work import paused_collection
 
 
 #: Candidates handled at a time when a whole batch's stage times would make a large temporary.
@@ -138,19 +137,6 @@ class Ranking:
         return self._rebuild(i)
 
 
-@contextmanager
-def _gc_paused():
-    """Pause the cyclic GC while packing: the packing makes many small acyclic
-    objects, and collections triggered by them would rescan the whole batch."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
-
-
 _KEY = attrgetter("groups", "budget", "fixed_time")
 
 
@@ -231,7 +217,7 @@ def rank(candidates: Sequence[Sequence[Stage]], fronts: Mapping[Hashable, Sequen
     if isinstance(candidates, (str, bytes)) or not isinstance(candidates, Sequence):
         raise ValueError(f"candidates must be a sequence of candidates, got {type(candidates).__name__}")
     candidates = list(candidates)
-    with _gc_paused():
+    with paused_collection():
         distinct, offsets, objects = _flatten(candidates)
         where = lambda i: int(np.argmax(objects == i))  # noqa: E731 - only for error messages
         stage_keys, problems, key_problem, key_fixed = _dedup(distinct, offsets, table, where)

@@ -17,7 +17,7 @@ from ._batch import Chunk, Knapsack, build_chunk, plan_chunks
 from ._options import FrontTable, check_int
 from ._passes import MAX_TABLE_WIDTH
 from ._problem import FASTEST, KNAPSACK, StageProblem, verdict
-from ._work import LEVEL_CELLS, check_work, max_cells, report
+from ._work import LEVEL_CELLS, check_work, max_cells, paused_collection, report
 
 
 def _upload(backend: Backend, chunk: Chunk) -> list[tuple]:
@@ -116,6 +116,7 @@ def check_max_bytes(max_bytes: object) -> int:
     return check_int(max_bytes, "max_bytes (bytes, or None)", 1)
 
 
+@paused_collection()
 def solve_problems(problems: Sequence[StageProblem], table: FrontTable, backend: str | None,
                    max_bytes: int | None, verdicts: Sequence[Any] | None = None,
                    known: "Solved | None" = None) -> np.ndarray:

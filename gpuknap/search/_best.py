@@ -38,6 +38,7 @@ from ..engine import (
     check_int,
     check_max_bytes,
     get_backend,
+    paused_collection,
     report,
 )
 from ._classify import kind_index
@@ -63,6 +64,7 @@ from ._tuplesim import top_interleaved_simulated
 SCORES = ("slowest", "1f1b", "simulated")
 
 
+@paused_collection()
 def best_splits(model: PipelineModel, stages: int, top: int = 1, score: str = "slowest",
                 bucket: float = MEGABYTE, backend: Any = "auto", in_flight: Any = None,
                 max_bytes: int | None = None, bound: bool = False, exclusive: Any = (),

@@ -38,6 +38,7 @@ from ..engine import (
     get_backend,
     option_times,
     own_fronts,
+    paused_collection,
     pp_lite,
 )
 from ..schedule import in_flight_table
@@ -318,6 +319,7 @@ class PipelineModel:
             row = int(bad[0])
             raise ValueError(f"{where(lo + row)} sums to {int(sums[row])}, the model has {self.layers} layers")
 
+    @paused_collection()
     def rank(self, splits: Any, bucket: float | None = None, backend: Any = "auto",
              in_flight: Any = None, chunks: int = 1, max_bytes: int | None = None) -> Ranking:
         """Score every row of ``splits`` (``[B, P]`` layer counts) as ``pp_lite(self.stages(row))``.

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..engine import PipelineChoice, Planner, report
+from ..engine import PipelineChoice, Planner, paused_collection, report
 from ..costs import pipeline_send, run_of
 from ..schedule import chunk_times, iteration_times
 from ..search import (
@@ -108,6 +108,7 @@ def _joint(jobs: list, backend: Any, max_bytes: int | None) -> None:
         report(SEARCHES, len(jobs) - len(active), len(jobs))
 
 
+@paused_collection()
 def run_configs(configs: list, builder: Callable, *, global_batch: int, score: str, top: int, bucket: float,
                 backend: Any, max_bytes: int | None, time_unit: float, tokens: Any) -> tuple[list, list]:
     """Rows of ``configs`` in process (what each Dask worker runs on its shard):

@@ -149,3 +149,59 @@ def test_a_cell_of_many_options_counts_for_more_than_one(backend):
             choose([Layers("a", 6)], _spread(n), 3000.0, 1.0)
         single.append(cells[0] - 6 * 2_000)
     assert single[1] == 4 * single[0] > 0
+
+
+def test_searches_pause_the_cycle_collector_and_restore_it(monkeypatch):
+    """The cycle collector is paused inside a search, a sweep and a ranking (no collection runs
+    there, however many objects they make) and its state is restored after, on success, on a
+    refusal, and when it was paused before the call (then it stays paused)."""
+    import gc
+
+    import gpuknap.engine._solve as solve_module
+    from gpuknap import sweep
+    from gpuknap.engine import paused_collection
+
+    spec = load_spec(DEMO)
+    planned = []
+    real_plan = solve_module.plan_chunks
+
+    def plan(*args, **kwargs):
+        planned.append(gc.isenabled())
+        return real_plan(*args, **kwargs)
+
+    monkeypatch.setattr(solve_module, "plan_chunks", plan)
+    best_splits(spec.model, 4, 2, "1f1b", spec.bucket, backend="numpy")
+    spec.model.rank([[6] * 15 + [8], [5] * 15 + [23]], backend="numpy")
+    sweep(os.path.join(EXAMPLES, "llama2_70b.json"), {"stages": [4, 8]}, gpus=64, global_batch=64, backend="numpy",
+          bucket=16 * 2**20)
+    assert planned and not any(planned)
+    seen = []
+    real = gc.callbacks[:]
+
+    def watch(phase, info):
+        if phase == "start":
+            seen.append(info["generation"])
+
+    gc.callbacks.append(watch)
+    try:
+        assert gc.isenabled()
+        gc.collect()
+        seen.clear()
+        with paused_collection():
+            junk = [[i] for i in range(200_000)]  # would trigger collections with the collector running
+            assert not gc.isenabled() and not seen
+        assert gc.isenabled()
+        del junk
+        best_splits(spec.model, 4, 2, "1f1b", spec.bucket, backend="numpy")
+        assert gc.isenabled()
+        with pytest.raises(ValueError):
+            spec.model.rank([[1, 2]])
+        assert gc.isenabled()
+        gc.disable()
+        try:
+            best_splits(spec.model, 4, 1, "slowest", spec.bucket, backend="numpy")
+            assert not gc.isenabled()
+        finally:
+            gc.enable()
+    finally:
+        gc.callbacks[:] = real
