@@ -2,7 +2,7 @@
 and end to end against a baseline revision.
 
 Usage: python scripts/bench_engine.py [--part levels,e2e,memory] [--baseline REV] [--repeat N]
-                                      [--threads 1,2] [--quick]
+                                      [--threads 1,2] [--quick] [--heavy]
 
 levels: the chunks the engine builds for real workloads (``model.rank`` on the
   Llama-2-70B example; ``best_splits`` and ``model.rank`` on the ``_scale``
@@ -15,7 +15,8 @@ e2e: the same workloads end to end with ``backend="auto"``, this checkout
   against ``--baseline`` (default: where this branch left main) in a temporary
   git worktree, in separate processes, alternated ``--repeat`` times; each
   time is the best over every process and repeat, and the spread (worst best
-  over best best, per side) says how noisy the machine was.
+  over best best, per side) says how noisy the machine was.  ``--heavy``: instead, the
+  sweeps of ``HEAVY`` (tens of seconds each; ``--repeat 1`` is enough).
 memory: peak and kept memory of ``model.rank`` per split (fresh processes).
 """
 from __future__ import annotations
@@ -28,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from types import SimpleNamespace
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -81,7 +83,23 @@ def workloads(quick: bool) -> dict:
                                           backend=b, bucket=MEGABYTE),
         "sweep at 16 MiB": lambda b: sweep(os.path.join(ROOT, LLAMA), grid, gpus=GPUS, global_batch=BATCH,
                                            backend=b, bucket=16 * MEGABYTE),
+        HEAVY[0]: lambda b: SimpleNamespace(rows=[row for more in SLOWEST_SIZES for row in sweep(
+            os.path.join(ROOT, LLAMA), {**SLOWEST, **more}, gpus=5120, global_batch=40960, backend=b,
+            max_seconds=None).rows]),
+        HEAVY[1]: lambda b: sweep(os.path.join(ROOT, LLAMA), GRID_192, gpus=1024, global_batch=4096, backend=b,
+                                  max_seconds=None),
     }
+
+
+#: Workloads of tens of seconds, timed with ``--heavy`` only (on their own): the sweep
+#: configurations that take longest (hundreds of thousands of stage problems each), and a
+#: realistic sweep of every row.
+HEAVY = ("sweep, 2 of the slowest configurations (5,120 GPUs, P 2, v 4, mbs 8)",
+         "sweep, every row of 192 configurations (1,024 GPUs, P 2-16, v 1 and 4)")
+SLOWEST = {"stages": [2], "interleave": [4], "micro_batch_size": [8], "device": ["h100"]}
+SLOWEST_SIZES = ({"tensor_parallel": [8], "context_parallel": [1]}, {"tensor_parallel": [4], "context_parallel": [2]})
+GRID_192 = {"stages": [2, 4, 5, 8, 10, 16], "tensor_parallel": [1, 2, 4, 8], "context_parallel": [1, 2],
+            "micro_batch_size": [1, 2, 4], "interleave": [1, 4]}
 
 
 # ---------------------------------------------------------------- levels: capture and replay
@@ -173,7 +191,8 @@ def levels_part(args) -> None:
     sys.path[:0] = [ROOT, HERE]
     threads = [int(t) for t in args.threads.split(",")]
     loads = workloads(args.quick)
-    cases = [(name, lambda name=name: capture(loads[name])) for name in loads if name != "sweep at 16 MiB"]
+    cases = [(name, lambda name=name: capture(loads[name])) for name in loads
+             if name != "sweep at 16 MiB" and name not in HEAVY]
     rows = 32 if args.quick else 256
     cases += [(f"bench_gpu batch, {rows} rows x 65,536 buckets x 8 steps, {o} options",
                lambda o=o: gpu_batch(rows, 65536, 8, o)) for o in (4, 64)]
@@ -249,7 +268,7 @@ class Baseline:
 
 
 def e2e_part(args, base: str) -> None:
-    names = list(workloads(True))
+    names = [name for name in workloads(True) if (name in HEAVY) == args.heavy]
     rounds = {"before": [], "now": []}
     for r in range(args.rounds):  # alternate the two sides, each in fresh processes
         for side, root in (("before", base), ("now", ROOT)):
@@ -355,6 +374,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="fresh processes per side, alternated (e2e)")
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--heavy", action="store_true", help="e2e: time the heavy sweeps (HEAVY) instead of the others")
     args = ap.parse_args()
     parts = args.part.split(",")
     print(machine())
