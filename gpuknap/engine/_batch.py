@@ -24,6 +24,9 @@ RECOMPUTE_SHARE = 0.25
 #: Working arrays alive during one level (previous, gathered, output, temporary).
 ARRAYS_PER_LEVEL = 4
 CELL_BYTES = 8
+#: Widest DP row a batch builds, whatever ``max_bytes`` allows (2**40 buckets, 32 TiB of working
+#: memory): a wider one is refused (its bucket numbers would not fit the engine's integer arrays).
+MAX_ROW_BUCKETS = 2**40
 
 
 @dataclass
@@ -90,6 +93,10 @@ def row_bytes(capacity: int) -> int:
 
 def too_wide(capacity: int, max_bytes: int, bucket: float) -> str:
     """The message for a DP row of ``capacity`` buckets that ``max_bytes`` cannot hold."""
+    if max_bytes > row_bytes(MAX_ROW_BUCKETS - 1):
+        factor = bucket_factor((capacity + 1) / MAX_ROW_BUCKETS)
+        return (f"one DP row of {capacity + 1:.4g} buckets is wider than the engine's limit of 2**40 buckets, "
+                f"whatever max_bytes allows; use a bucket of at least {format_bytes(bucket * factor)} (--bucket)")
     cells = max_bytes // row_bytes(0) - 1  # widest capacity that fits
     if cells < 1:
         return (f"max_bytes={max_bytes} (--max-memory) is too small for any DP row; "
@@ -119,24 +126,25 @@ def plan_chunks(problems: Sequence[Knapsack], max_bytes: int, bucket: float,
     index: dict[tuple, int] = {}
     group = [index.setdefault(p.runs, len(index)) for p in problems]
     reads: list[list] = [[] for _ in range(len(index))]
+    widest = [-1] * len(index)  # Python ints: a capacity may be too large for any array
     for (_, capacity, ident), g in zip(problems, group):
         reads[g].append((capacity, ident))
-    widest = np.full(len(index), -1, dtype=np.int64)
-    np.maximum.at(widest, np.asarray(group, dtype=np.int64),
-                  np.fromiter((p.capacity for p in problems), dtype=np.int64, count=len(problems)))
+        if capacity > widest[g]:
+            widest[g] = capacity
     sequences = list(index)
     _, order, _, _, shared, depth = _coded(sequences)
+    order = order.tolist()
     unit = row_bytes(0)
-    need = unit * (widest[order] + 1)
-    over = np.flatnonzero(need > max_bytes)
-    if len(over):
-        raise ValueError(too_wide(int(widest[order[over[0]]]), max_bytes, bucket))
+    need = [unit * (widest[i] + 1) for i in order]
+    for i, n in zip(order, need):
+        if n > max_bytes or widest[i] >= MAX_ROW_BUCKETS:
+            raise ValueError(too_wide(widest[i], max_bytes, bucket))
     chunks: list[list[tuple]] = []
     current: list[tuple] = []
     used = work = 0  # the current chunk's bytes and passes (steps x row bytes)
     held = row = 0  # its working memory, counting a chain of sequences as one row; that row's bytes
     before = 0  # the steps of the sequence before
-    for i, n, s, d in zip(order.tolist(), need.tolist(), shared.tolist(), depth.tolist()):
+    for i, n, s, d in zip(order, need, shared.tolist(), depth.tolist()):
         # A sequence that extends the previous one lies on its trie path: one row per level
         # for the whole chain, so against the limit it adds only what it widens that row by.
         # ``s``: the passes a cut here would compute again.
