@@ -4,7 +4,7 @@ the whole sweep.
 A configuration's search can take a few milliseconds or several seconds (few stages with
 many chunks and wide memory budgets pose hundreds of thousands of stage problems), so a
 sweep's time cannot be read off its grid.  It is measured instead: a grid of more than
-``2 * PILOT`` configurations first runs a *pilot* of :data:`PILOT` configurations drawn
+``2 * PILOT`` configurations and a time limit first runs a *pilot* of :data:`PILOT` configurations drawn
 from each group of like ones (:func:`pilot_plan`), a group at a time.  Each group's time
 per configuration, times the group's size, summed, is the estimate; over ``max_seconds``
 the sweep is refused then, before the rest runs (or as soon as the groups timed so far
@@ -118,8 +118,10 @@ def paced(configs: list, run: Callable[[list], tuple[list, list]], step: int,
           max_seconds: float | None) -> tuple[list, list]:
     """:func:`in_batches` over every configuration, the pilot first (see the module docstring),
     a stratum at a time: ``(rows, skipped)`` of all of them.  A pilot's estimate over
-    ``max_seconds`` is a ValueError saying the estimate and what to change."""
-    plan = pilot_plan(configs, PILOT)
+    ``max_seconds`` is a ValueError saying the estimate and what to change.  Without a limit
+    (``max_seconds`` None) no pilot runs: the configurations run in grid order, batches
+    sharing more than the pilot's groups do."""
+    plan = pilot_plan(configs, PILOT) if max_seconds is not None else []  # no limit: nothing to estimate
     progress = Progress(len(configs))
     progress.send(0)
     rows: list = []

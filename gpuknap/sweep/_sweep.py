@@ -138,7 +138,7 @@ def sweep(source: Any, grid: Mapping, *, gpus: int, global_batch: int, score: st
     overlaps TP communication with its GEMMs (Megatron's ``--tp-comm-overlap``; a spec's
     transformer section may say so itself).  ``max_seconds``: a sweep of every row whose time,
     estimated on a pilot of its configurations before the rest run (:mod:`._pace`), is over
-    this is refused (None: no limit).
+    this is refused (None: no limit and no pilot).
     """
     if score not in SCORES:
         raise ValueError(f"score must be one of {SCORES} for a sweep (every row carries its simulated time), "

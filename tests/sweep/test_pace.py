@@ -90,11 +90,14 @@ def test_estimate_over_the_limit_refuses_after_the_pilot_alone(monkeypatch):
                                          r"them drawn from 3 of its 10 groups"):
         pace.paced(configs, fake_run(log), 128, 30.0)
     assert [len(part) for part in log] == [4, 4, 3]
-    for limit in (159.0, None):  # under the estimate, or no limit: every configuration once
-        log = []
-        rows, skipped = pace.paced(configs, fake_run(log), 10, limit)
-        assert sorted(r["config"]["at"] for r in rows) == list(range(100)) and skipped == []
-        assert max(map(len, log)) <= 10 and len(log) == 10 + 7  # the pilot's groups, then 68 in batches of 10
+    log = []  # under the estimate: every configuration once
+    rows, skipped = pace.paced(configs, fake_run(log), 10, 159.0)
+    assert sorted(r["config"]["at"] for r in rows) == list(range(100)) and skipped == []
+    assert max(map(len, log)) <= 10 and len(log) == 10 + 7  # the pilot's groups, then 68 in batches of 10
+    log = []  # no limit: no pilot (nothing to estimate), every configuration once in grid order
+    rows, skipped = pace.paced(configs, fake_run(log), 10, None)
+    assert [r["config"]["at"] for r in rows] == list(range(100)) and skipped == []
+    assert log == [configs[i:i + 10] for i in range(0, 100, 10)]
 
 
 def test_small_grids_run_no_pilot_and_are_never_refused(monkeypatch):
