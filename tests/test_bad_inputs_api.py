@@ -219,7 +219,7 @@ api("excess negative bytes", lambda: LayerOption("x", 10, 1, 1, excess=[(2, -5)]
 api("parts a number", lambda: LayerOption("x", 10, 1, 1, parts=5), "parts")
 api("parts a bad pair", lambda: LayerOption("x", 10, 1, 1, parts=[("compute", "1 ms")]), "parts[0]")
 api("choose bound 'yes'", lambda: choose([Layers("a", 1)], _OPT, 1e12, bound="yes"), "bound")
-api("load_spec stages 99 of 98 layers", lambda: load_spec(DEMO, stages=99), "stages", "98 layers")
+api("load_spec stages 99 of 98 layers", lambda: load_spec(DEMO, stages=99), "stages", "98 layers", "demo.json")
 
 
 def _varied(n: int) -> PipelineModel:

@@ -116,9 +116,11 @@ def load_spec(path: str | os.PathLike, *, capacity: Any = None, micro_batches: i
     """
     spec = _load(path, capacity, micro_batches, stages, bucket, reserved, training)
     if spec.stages is not None and spec.stages > spec.model.layers:
-        where = "stages (--stages)" if stages is not None else f"{spec.source}: pipeline.stages"
-        raise ValueError(f"{where}: {spec.stages} stages for a model of {spec.model.layers} layers; "
-                         "every stage needs at least one layer")
+        if stages is not None:  # the keyword against the file's model: both named
+            raise ValueError(f"stages (--stages): {spec.stages} stages for the model of {spec.source}, which has "
+                             f"{spec.model.layers} layers; every stage needs at least one layer")
+        raise ValueError(f"{spec.source}: pipeline.stages: {spec.stages} stages for a model of {spec.model.layers} "
+                         "layers; every stage needs at least one layer")
     return spec
 
 
