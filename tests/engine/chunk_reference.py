@@ -87,19 +87,8 @@ def build_chunk_by_dict(entries: Sequence[tuple], table: FrontTable) -> Chunk:
 
 
 def plan_chunks_by_loop(problems: Sequence[Knapsack], max_bytes: int, bucket: float,
-                target: int | None = None) -> list[list[tuple]]:
-    """Group problems by step sequence and cut them into chunks under ``max_bytes``
-    and, where that costs little, under ``target`` bytes (default ``max_bytes``;
-    a smaller target keeps chunks cache-sized).  A cut makes the next chunk
-    compute again the passes its first sequence shares with the one before; the
-    target cuts only where those are at most :data:`RECOMPUTE_SHARE` of the
-    chunk's own passes, so a deep chain with a branch at every level is not
-    computed once per chunk.
-
-    Returns chunks of ``(runs, [(capacity, ident), ...])``.  A step sequence
-    whose row alone needs more than ``target`` gets a chunk of its own; one too
-    wide for ``max_bytes`` raises ValueError naming a bucket that would fit.
-    """
+                        target: int | None = None) -> list[list[tuple]]:
+    """:func:`gpuknap.engine._batch.plan_chunks` one sequence at a time (its contract)."""
     target = max_bytes if target is None else min(target, max_bytes)
     by_runs: dict[tuple, list] = {}
     for p in problems:
