@@ -9,6 +9,7 @@ capacity any problem below it reads, so rows narrow as stages fill up.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from itertools import chain
 from typing import NamedTuple, Sequence
@@ -94,17 +95,30 @@ def row_bytes(capacity: int) -> int:
 def too_wide(capacity: int, max_bytes: int, bucket: float) -> str:
     """The message for a DP row of ``capacity`` buckets that ``max_bytes`` cannot hold."""
     if max_bytes > row_bytes(MAX_ROW_BUCKETS - 1):
-        factor = bucket_factor((capacity + 1) / MAX_ROW_BUCKETS)
-        return (f"one DP row of {capacity + 1:.4g} buckets is wider than the engine's limit of 2**40 buckets, "
-                f"whatever max_bytes allows; use a bucket of at least {format_bytes(bucket * factor)} (--bucket)")
+        return (f"one DP row of {_count(capacity + 1)} buckets is wider than the engine's limit of 2**40 buckets, "
+                f"whatever max_bytes allows; use {_coarser(bucket, capacity + 1, MAX_ROW_BUCKETS)} (--bucket)")
     cells = max_bytes // row_bytes(0) - 1  # widest capacity that fits
     if cells < 1:
         return (f"max_bytes={max_bytes} (--max-memory) is too small for any DP row; "
                 f"allow at least {row_bytes(1)} bytes")
-    factor = bucket_factor((capacity + 1) / cells)
-    return (f"one DP row of {capacity + 1} buckets needs {row_bytes(capacity)} bytes of working memory, "
-            f"over max_bytes={max_bytes}; use a bucket of at least {format_bytes(bucket * factor)} (--bucket), "
+    return (f"one DP row of {_count(capacity + 1)} buckets needs {_count(row_bytes(capacity))} bytes of working "
+            f"memory, over max_bytes={max_bytes}; use {_coarser(bucket, capacity + 1, cells)} (--bucket), "
             f"or raise max_bytes (--max-memory)")
+
+
+def _count(n: int) -> str:
+    """``n`` in full, or its order of magnitude past 15 digits."""
+    return str(n) if n < 10**15 else f"about 10^{len(str(n)) - 1}"
+
+
+def _coarser(bucket: float, width: int, cells: int) -> str:
+    """A bucket that brings a row of ``width`` buckets under ``cells``, or, where that size is past
+    any float (a stage's memory near the largest float), a plain request for a far larger one."""
+    try:
+        size = bucket * bucket_factor(width / cells)
+    except OverflowError:
+        size = math.inf
+    return f"a bucket of at least {format_bytes(size)}" if math.isfinite(size) else "a far larger bucket"
 
 
 def plan_chunks(problems: Sequence[Knapsack], max_bytes: int, bucket: float,

@@ -85,10 +85,11 @@ def paused_collection() -> Iterator[None]:
     """Python's cycle collector paused inside the block (also a decorator), running again
     after it, exceptions included, when it ran before.  Reference counting still frees
     everything without cycles at once; the few cycles made inside wait for the next
-    collection after the block."""
+    collection after the block.  The collector is the process's: other threads run
+    without it meanwhile, and the first block to end turns it back on for all."""
     was = gc.isenabled()
-    gc.disable()
     try:
+        gc.disable()
         yield
     finally:
         if was:

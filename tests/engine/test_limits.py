@@ -207,11 +207,14 @@ def test_searches_pause_the_cycle_collector_and_restore_it(monkeypatch):
         gc.callbacks[:] = real
 
 
-@pytest.mark.parametrize("memory, max_bytes", [(1e250, None), (1e250, 10**30), (1e25, 10**30), (1e25, 2**70)])
-def test_rows_wider_than_any_array_are_refused_with_a_bucket(memory, max_bytes):
+@pytest.mark.parametrize("memory, max_bytes, advice", [
+    (1e250, None, "bucket of at least"), (1e250, 10**30, "bucket of at least"), (1e25, 10**30, "bucket of at least"),
+    (1e25, 2**70, "bucket of at least"), (1.7e308, 64, "a far larger bucket"), (1.7e308, 10**400, "a far larger bucket")])
+def test_rows_wider_than_any_array_are_refused_with_a_bucket(memory, max_bytes, advice):
     """A stage whose knapsack would be a row of more buckets than the engine's integer arrays
     hold is refused with a ValueError naming a bucket, whatever ``max_bytes`` allows (a
-    capacity of 1e25 buckets under max_bytes=1e30 once ended in an OverflowError)."""
+    capacity of 1e25 buckets under max_bytes=1e30 once ended in an OverflowError); where no
+    float can say that bucket (memory near the largest float), it asks for a far larger one."""
     fronts = {"x": [LayerOption("heavy", memory, 1, 1), LayerOption("light", memory / 1e5, 1, 3)]}
-    with pytest.raises(ValueError, match="bucket of at least"):
+    with pytest.raises(ValueError, match=advice):
         rank([[Stage([Layers("x", 3)], memory)]], fronts, bucket=1.0, backend="numpy", max_bytes=max_bytes)
