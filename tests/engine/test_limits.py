@@ -209,7 +209,8 @@ def test_searches_pause_the_cycle_collector_and_restore_it(monkeypatch):
 
 @pytest.mark.parametrize("memory, max_bytes, advice", [
     (1e250, None, "bucket of at least"), (1e250, 10**30, "bucket of at least"), (1e25, 10**30, "bucket of at least"),
-    (1e25, 2**70, "bucket of at least"), (1.7e308, 64, "a far larger bucket"), (1.7e308, 10**400, "a far larger bucket")])
+    (1e25, 2**70, "bucket of at least"), (1.7e308, 64, "a far larger bucket"), (1.7e308, 10**400, "bucket of at least")],
+    ids=["1e250", "1e250-1e30", "1e25-1e30", "1e25-2^70", "max-64", "max-1e400"])
 def test_rows_wider_than_any_array_are_refused_with_a_bucket(memory, max_bytes, advice):
     """A stage whose knapsack would be a row of more buckets than the engine's integer arrays
     hold is refused with a ValueError naming a bucket, whatever ``max_bytes`` allows (a
