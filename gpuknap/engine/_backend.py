@@ -100,7 +100,7 @@ class Backend:
     def pass_level(self, prev: Any, parent: Any, level: Any, tables: tuple | None = None) -> Any:
         """One min-plus pass over every row of ``level``."""
         if self.mode == "fused":
-            cpu = self.fused(self.fused_work)
+            cpu = self.fused(0)  # loaded already, or the backend asked for by name: no batch too small
             if cpu is not None:
                 return cpu.pass_level(prev, parent, level)
         if self.mode == "cuda":

@@ -182,6 +182,22 @@ def test_auto_loads_the_fused_pass_only_for_batches_that_pay_for_it(monkeypatch)
     assert get_backend("numba").fused(1) is not None  # asked for by name: always
 
 
+@needs_numba
+def test_a_small_search_on_auto_never_loads_the_fused_pass():
+    """In a fresh process, ``best`` on the shipped demo (a batch under ``AUTO_FUSED_WORK``) runs
+    on the NumPy pass and never imports Numba (loading it cost 0.4-0.7 s of a 0.3 s command:
+    each level's pass used to load it whatever the batch); ``backend="numba"`` asked for by name
+    loads it for the same search, and both give the same answer."""
+    code = ("import sys, io, contextlib; from gpuknap.cli._main import main; out = io.StringIO()\n"
+            "with contextlib.redirect_stdout(out): main(['best', '--backend', sys.argv[1], '--json'])\n"
+            "print('numba' in sys.modules); print(out.getvalue())")
+    env = {k: v for k, v in os.environ.items() if k != "GPUKNAP_BACKEND"}
+    runs = {b: subprocess.run([sys.executable, "-c", code, b], check=True, cwd=ROOT, env=env, capture_output=True,
+                              text=True).stdout.split("\n", 1) for b in ("auto", "numba")}
+    assert runs["auto"][0] == "False" and runs["numba"][0] == "True"
+    assert runs["auto"][1].replace('"numba"', '"auto"') == runs["numba"][1].replace('"numba"', '"auto"')
+
+
 def test_import_never_imports_numba():
     code = "import sys, gpuknap; gpuknap.rank; assert 'numba' not in sys.modules, 'numba imported'"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
