@@ -44,7 +44,8 @@ from ._problem import (
 from ._rank import Ranking, compact_codes, rank
 from ._results import Assignment, PipelineChoice, Stage, StageChoice
 from ._solve import Solved, check_max_bytes, solve_knapsacks, solve_problems
-from ._stage import Planner, check_stages, choose, least_times, pp_lite, single_stage_memory, suffix_times
+from ._stage import Planner, check_stages, choose, least_times, pp_lite, suffix_times
+from ._stagelimits import single_stage_memory
 from ._work import (
                        DEFAULT_MAX_CELLS,
                        MAX_TOP,

@@ -9,7 +9,6 @@ capacity any problem below it reads, so rows narrow as stages fill up.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from itertools import chain
 from typing import NamedTuple, Sequence
@@ -18,16 +17,13 @@ import numpy as np
 
 from ._options import FrontTable
 from ._passes import Segment, option_tables
-from ._work import OPTIONS_PER_CELL, bucket_factor, format_bytes
+from ._work import MAX_ROW_BUCKETS, OPTIONS_PER_CELL, coarser, format_count
 
 #: Most passes a cut at the cache target may compute again, as a share of the chunk before it.
 RECOMPUTE_SHARE = 0.25
 #: Working arrays alive during one level (previous, gathered, output, temporary).
 ARRAYS_PER_LEVEL = 4
 CELL_BYTES = 8
-#: Widest DP row a batch builds, whatever ``max_bytes`` allows (2**40 buckets, 32 TiB of working
-#: memory): a wider one is refused (its bucket numbers would not fit the engine's integer arrays).
-MAX_ROW_BUCKETS = 2**40
 
 
 @dataclass
@@ -95,30 +91,15 @@ def row_bytes(capacity: int) -> int:
 def too_wide(capacity: int, max_bytes: int, bucket: float) -> str:
     """The message for a DP row of ``capacity`` buckets that ``max_bytes`` cannot hold."""
     if max_bytes > row_bytes(MAX_ROW_BUCKETS - 1):
-        return (f"one DP row of {_count(capacity + 1)} buckets is wider than the engine's limit of 2**40 buckets, "
-                f"whatever max_bytes allows; use {_coarser(bucket, capacity + 1, MAX_ROW_BUCKETS)} (--bucket)")
+        return (f"one DP row of {format_count(capacity + 1)} buckets is wider than the engine's limit of 2**40 "
+                f"buckets, whatever max_bytes allows; use {coarser(bucket, (capacity + 1) / MAX_ROW_BUCKETS)} (--bucket)")
     cells = max_bytes // row_bytes(0) - 1  # widest capacity that fits
     if cells < 1:
         return (f"max_bytes={max_bytes} (--max-memory) is too small for any DP row; "
                 f"allow at least {row_bytes(1)} bytes")
-    return (f"one DP row of {_count(capacity + 1)} buckets needs {_count(row_bytes(capacity))} bytes of working "
-            f"memory, over max_bytes={max_bytes}; use {_coarser(bucket, capacity + 1, cells)} (--bucket), "
+    return (f"one DP row of {format_count(capacity + 1)} buckets needs {format_count(row_bytes(capacity))} bytes of "
+            f"working memory, over max_bytes={max_bytes}; use {coarser(bucket, (capacity + 1) / cells)} (--bucket), "
             f"or raise max_bytes (--max-memory)")
-
-
-def _count(n: int) -> str:
-    """``n`` in full, or its order of magnitude past 15 digits."""
-    return str(n) if n < 10**15 else f"about 10^{len(str(n)) - 1}"
-
-
-def _coarser(bucket: float, width: int, cells: int) -> str:
-    """A bucket that brings a row of ``width`` buckets under ``cells``, or, where that size is past
-    any float (a stage's memory near the largest float), a plain request for a far larger one."""
-    try:
-        size = bucket * bucket_factor(width / cells)
-    except OverflowError:
-        size = math.inf
-    return f"a bucket of at least {format_bytes(size)}" if math.isfinite(size) else "a far larger bucket"
 
 
 def plan_chunks(problems: Sequence[Knapsack], max_bytes: int, bucket: float,

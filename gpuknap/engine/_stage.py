@@ -7,14 +7,12 @@ are bit-identical to the batch's readouts.
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import replace
-from typing import Any, Callable, Hashable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Hashable, Mapping, Sequence
 
 import numpy as np
 
-from ._options import MEGABYTE, Front, FrontTable, Layers, buckets_down, check_number, check_time
+from ._options import MEGABYTE, Front, FrontTable, Layers, buckets_down, buckets_up, check_number, check_time
 from ._passes import Segment, pass_level
 from ._problem import (
     FASTEST,
@@ -27,52 +25,13 @@ from ._problem import (
     zeros_row,
 )
 from ._results import Assignment, PipelineChoice, Stage, StageChoice
-from ._work import STEP_CELLS, bucket_factor, check_work, format_bytes, max_cells, option_weight
+from ._stagelimits import guard, traceback_block
+from ._work import option_weight
 
 Fronts = Mapping[Hashable, Sequence[Any]]
 
-#: Largest DP table (bytes) a single-stage solve may build before it refuses.
-SINGLE_STAGE_LIMIT = 2**31
-_table_cap: ContextVar[int | None] = ContextVar("gpuknap_single_stage_bytes", default=None)
-
-
-def table_limit() -> int:
-    """The bytes a single-stage solve may hold: :data:`SINGLE_STAGE_LIMIT`, or less inside
-    :func:`single_stage_memory`."""
-    cap = _table_cap.get()
-    return SINGLE_STAGE_LIMIT if cap is None else min(SINGLE_STAGE_LIMIT, cap)
-
-
-@contextmanager
-def single_stage_memory(max_bytes: int) -> Iterator[None]:
-    """Hold single-stage solves (``choose``, ``least_times``, ``suffix_times``) to ``max_bytes``
-    inside the ``with`` block, as ``max_bytes`` holds the batched engine (``--max-memory``)."""
-    token = _table_cap.set(int(max_bytes))
-    try:
-        yield
-    finally:
-        _table_cap.reset(token)
-
-
 def _segment(front: Front) -> list[Segment]:
     return [Segment(0, 1, front.weights, front.times)]
-
-
-def _guard(nbytes: int, cells: int, bucket: float, what: str, width: int, passes: int) -> None:
-    """Refuse, before allocating anything, a solve whose arrays need over
-    SINGLE_STAGE_LIMIT bytes or whose ``passes`` over ``cells`` DP cells are more work than the
-    limit (bytes and cells grow with the rows' ``width``), suggesting a bucket that passes both."""
-    limit = table_limit()
-    over = max(nbytes / limit, cells / max(max_cells() - passes * STEP_CELLS, 1))
-    if over <= 1:
-        check_work(cells, bucket, what, passes=passes, pass_cells=STEP_CELLS)  # passes (and is counted)
-        return
-    factor = bucket_factor(over, width)
-    check_work(cells, bucket, what, factor, passes, STEP_CELLS)
-    if nbytes > limit:
-        raise ValueError(f"{what} needs {format_bytes(nbytes)} of DP tables (over {format_bytes(limit)}); "
-                         f"use a bucket of at least {format_bytes(bucket * factor)}"
-                         + (" (--bucket), or raise --max-memory" if limit < SINGLE_STAGE_LIMIT else ""))
 
 
 def _assemble(groups: Sequence[Layers], fronts: list[Front], option_counts: list[list[int]], time: float) -> StageChoice:
@@ -104,33 +63,6 @@ def _pass_recording(row: np.ndarray, front: Front, width: int, choice: np.ndarra
     return out
 
 
-def _stride(steps: int, width: int, n_options: int, bucket: float, weight: float = 1.0) -> tuple[int, Any]:
-    """``(layers per block, choice dtype)`` for a traceback within :func:`table_limit`.
-
-    Block length 0: every DP row fits, and the traceback reads them.  Otherwise
-    the traceback keeps, per block of layers, the option each cell took (one,
-    two or four bytes a cell, as the option indices need) plus a checkpoint row
-    (8 bytes a cell) before each block; blocks other than the last are
-    recomputed from their checkpoint.  One block when everything fits; else the
-    block length needing the least memory.  Refuses what still does not fit, or
-    more passes than the work limit (``weight``: the steps' mean :func:`option_weight`)."""
-    dtype = np.uint8 if n_options <= 2**8 else np.uint16 if n_options <= 2**16 else np.uint32
-    cell = np.dtype(dtype).itemsize
-
-    def need(stride: int) -> int:  # checkpoints, choices of one block, three working rows
-        return (-(-steps // stride) + 3) * 8 * width + stride * cell * width
-
-    if (steps + 1) * 8 * width <= table_limit():  # every row kept: no choices recorded
-        _guard(0, math.ceil(steps * width * weight), bucket, "this stage", width, steps)
-        return 0, dtype
-    if need(max(steps, 1)) <= table_limit():
-        _guard(0, math.ceil(steps * width * weight), bucket, "this stage", width, steps)
-        return max(steps, 1), dtype
-    stride = min(range(1, min(max(steps, 1), 2**16) + 1), key=need)  # best near sqrt(8 x layers)
-    _guard(need(stride), math.ceil(2 * steps * width * weight), bucket, "this stage", width, 2 * steps)
-    return stride, dtype
-
-
 def _choose(table: FrontTable, groups: tuple, budget: float) -> StageChoice | None:
     """``choose`` on validated groups with a shared front table."""
     problem = canonical(groups, budget)
@@ -144,7 +76,7 @@ def _choose(table: FrontTable, groups: tuple, budget: float) -> StageChoice | No
     capacity = how.capacity
     width, n = capacity + 1, sum(g.count for g in groups)
     weight = sum(g.count * option_weight(len(f.options)) for g, f in zip(groups, fronts)) / max(n, 1)
-    stride, dtype = _stride(n, width, max(len(f.options) for f in fronts), table.bucket, weight)  # refuses first
+    stride, dtype = traceback_block(n, width, max(len(f.options) for f in fronts), table.bucket, weight)  # refuses first
     steps = [(gi, f) for gi, (g, f) in enumerate(zip(groups, fronts)) for _ in range(g.count)]
     if stride == 0:
         return _choose_kept_rows(groups, fronts, steps, width, capacity)
@@ -251,11 +183,17 @@ def least_times(groups: Sequence[Layers], fronts: Fronts, budget: float, bucket:
     fastest_time = sequential_time([float(f.times[-1]) for f in fronts_], [g.count for g in groups])
     curve = np.full(1, np.inf)
     if budget >= 0:
-        width = buckets_down(budget, table.bucket, cap=buckets_down(fastest_bytes, table.bucket)) + 1
+        if not math.isfinite(fastest_bytes) and math.isinf(budget):
+            raise ValueError("budget is inf, and these layers' all-fastest bytes are past any float: every room "
+                             "would need a DP row; give a finite budget")
+        # no row beyond the all-fastest bytes is read
+        cap = buckets_down(fastest_bytes, table.bucket) if math.isfinite(fastest_bytes) else None
+        width = buckets_down(budget, table.bucket, cap=cap) + 1
         steps = sum(n for _, n in problem.runs)
-        cells = math.ceil(width * sum(n * option_weight(len(table.get(*key).options)) for key, n in problem.runs))
+        rate = sum(n * option_weight(len(table.get(*key).options)) for key, n in problem.runs)
         # the row, the pass's output and its scratch row
-        _guard(3 * 8 * width, cells, table.bucket, "this stage's times within each budget", width, steps)
+        guard(width, 3 * 8, lambda w: math.ceil(w * rate), table.bucket, "this stage's times within each budget",
+               steps)
         row = zeros_row(width)
         for (key, n) in problem.runs:
             f = table.get(*key)
@@ -294,14 +232,14 @@ def suffix_times(layers: Sequence[Layers], fronts: Fronts, budgets: Sequence[flo
         raise ValueError(f"budgets must have len(layers) + 1 = {len(layers) + 1} entries, got {len(budgets)}")
     budgets = [float(check_number(b, f"budgets[{i}]", allow_inf=True)) for i, b in enumerate(budgets)]
     fronts_ = [table.get(g.kind, g.in_flight) for g in layers]
-    heaviest = sum(int(f.weights[-1]) for f in fronts_)
+    heaviest = sum(buckets_up(float(f.memories[-1]), table.bucket) for f in fronts_)  # past WEIGHT_CAP too
     caps = [buckets_down(b, table.bucket, cap=heaviest) if b >= 0 else -1 for b in budgets]
     width = max(caps) + 1
     out = [math.inf] * len(budgets)
     if width <= 0:
         return out
-    cells = math.ceil(width * sum(option_weight(len(f.options)) for f in fronts_))
-    _guard(3 * 8 * width, cells, table.bucket, "this stage's suffix times", width, len(layers))
+    rate = sum(option_weight(len(f.options)) for f in fronts_)
+    guard(width, 3 * 8, lambda w: math.ceil(w * rate), table.bucket, "this stage's suffix times", len(layers))
     row = zeros_row(width)
     if caps[-1] >= 0:
         out[-1] = 0.0

@@ -50,6 +50,10 @@ STEP_CELLS = 2_000
 
 #: How much a suggested bucket exceeds the ratio of the work to its limit.
 SUGGESTION_MARGIN = 1.1
+#: Widest DP row any solver builds, whatever the memory limit allows (2**40 buckets, 32 TiB of the
+#: batched engine's working memory): a wider one is refused before any count is made from it (its
+#: bucket numbers would not fit the engine's integer arrays, nor its cell counts a float).
+MAX_ROW_BUCKETS = 2**40
 _max_cells: ContextVar[int] = ContextVar("gpuknap_max_cells", default=DEFAULT_MAX_CELLS)
 _spent: ContextVar[list | None] = ContextVar("gpuknap_spent_cells", default=None)
 
@@ -112,6 +116,22 @@ def bucket_factor(ratio: float, width: int | None = None) -> int:
     return factor
 
 
+def coarser(bucket: float, ratio: float, width: int | None = None, at_least: int = 1) -> str:
+    """Advice for work or memory ``ratio`` times its limit: "a bucket of at least ..." (
+    :func:`bucket_factor` times ``bucket``, and at least ``at_least`` times it), or, where no float
+    can name that size (a stage's memory near the largest float), "a far larger bucket"."""
+    try:
+        size = bucket * max(bucket_factor(ratio, width), at_least)
+    except OverflowError:
+        size = math.inf
+    return f"a bucket of at least {format_bytes(size)}" if math.isfinite(size) else "a far larger bucket"
+
+
+def format_count(n: int) -> str:
+    """``n`` in full, or its order of magnitude past 15 digits."""
+    return str(n) if n < 10**15 else f"about 10^{len(str(n)) - 1}"
+
+
 @contextmanager
 def counting() -> Iterator[list]:
     """Count the DP cells of the calls inside the ``with`` block: the list's one item (a caller
@@ -141,11 +161,10 @@ def check_work(cells: int, bucket: float, what: str = "this batch", factor: int 
             f"{what} needs {passes:,} DP passes over its layers, {fixed:.3g} DP cells of work before any "
             f"bucket is counted, over the work limit of {limit:.3g}; a larger bucket does not change that: "
             f"use fewer layers per stage, or raise the limit (--max-work, gpuknap.work_limit)", cells + fixed)
-    factor = max(bucket_factor(cells / (limit - fixed)), factor)
     raise WorkTooLarge(
-        f"{what} needs {cells + fixed:.3g} DP cells, over the work limit of {limit:.3g}; use a bucket of at least "
-        f"{format_bytes(bucket * factor)} (--bucket), or raise the limit (--max-work, gpuknap.work_limit)",
-        cells + fixed)
+        f"{what} needs {cells + fixed:.3g} DP cells, over the work limit of {limit:.3g}; use "
+        f"{coarser(bucket, cells / (limit - fixed), at_least=factor)} (--bucket), or raise the limit "
+        "(--max-work, gpuknap.work_limit)", cells + fixed)
 
 
 def format_bytes(n: float) -> str:

@@ -17,6 +17,7 @@ from gpuknap import (
     best_splits,
     choose,
     least_times,
+    pp_lite,
     rank,
     suffix_times,
     work_limit,
@@ -219,3 +220,41 @@ def test_rows_wider_than_any_array_are_refused_with_a_bucket(memory, max_bytes, 
     fronts = {"x": [LayerOption("heavy", memory, 1, 1), LayerOption("light", memory / 1e5, 1, 3)]}
     with pytest.raises(ValueError, match=advice):
         rank([[Stage([Layers("x", 3)], memory)]], fronts, bucket=1.0, backend="numpy", max_bytes=max_bytes)
+
+
+_UNITS = {"bytes": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
+_SINGLE = {
+    "choose": lambda fr, budget, bucket: choose([Layers("x", 3)], fr, budget, bucket),
+    "bound": lambda fr, budget, bucket: choose([Layers("x", 3)], fr, budget, bucket, bound=True),
+    "pp_lite": lambda fr, budget, bucket: pp_lite([Stage([Layers("x", 3)], budget)], fr, bucket),
+    "least_times": lambda fr, budget, bucket: least_times([Layers("x", 3)], fr, budget, bucket)(budget / 2),
+    "suffix_times": lambda fr, budget, bucket: suffix_times([Layers("x", 1)] * 3, fr, [budget] * 4, bucket),
+}
+
+
+@pytest.mark.parametrize("solver", sorted(_SINGLE))
+@pytest.mark.parametrize("memory, budget", [(1e25, 2.5e25), (1e200, 2.5e200), (1.7e308, 1.7e308), (1.7e308, 1e300)],
+                         ids=["1e25", "1e200", "max", "max-1e300"])
+def test_single_stage_rows_wider_than_any_array_are_refused_with_a_bucket_that_works(solver, memory, budget):
+    """A single-stage solve whose DP row would be over 2**40 buckets is refused with a ValueError
+    before anything is counted from that width (a stage memory near the largest float once ended in
+    an OverflowError in ``choose`` and ``pp_lite``, and ``least_times`` advised the bucket it was
+    given); the bucket it names is then accepted and gives an answer."""
+    fr = {"x": [LayerOption("heavy", memory, 1, 1), LayerOption("light", memory / 1e5, 1, 3)]}
+    solve = _SINGLE[solver]
+    with pytest.raises(ValueError, match="wider than the solvers' limit of 2[*][*]40 buckets") as refused:
+        solve(fr, budget, 1.0)
+    size, unit = re.search(r"bucket of at least ([0-9.e+]+) (bytes|KiB|MiB|GiB)", str(refused.value)).groups()
+    solve(fr, budget, float(size) * _UNITS[unit])  # accepted: neither refused nor crashing
+
+
+def test_least_times_of_layers_past_any_float_answers_small_rooms():
+    """``least_times`` of layers whose all-fastest bytes are past any float still answers rooms a
+    row can hold (it once failed on the all-fastest bytes' bucket count, whatever the budget), and
+    refuses an infinite budget, which no row holds, by name."""
+    fr = {"x": [LayerOption("heavy", 1.7e308, 1, 1), LayerOption("light", 10, 1, 3)]}
+    within = least_times([Layers("x", 3)], fr, 100, 1)
+    assert within(100) == within(30) == 12 and within(29) == math.inf and within(-1) == math.inf
+    assert within(100) == choose([Layers("x", 3)], fr, 100, 1).time
+    with pytest.raises(ValueError, match="budget is inf"):
+        least_times([Layers("x", 3)], fr, math.inf, 1)

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from reference import fastest, opt_time
 
 import gpuknap.engine._stage as stage_mod
+import gpuknap.engine._stagelimits as limits_mod
 from gpuknap import (
     LayerOption,
     Layers,
@@ -170,12 +171,12 @@ def test_every_path_reports_within_the_budget(case):
     """choose with its traceback in blocks, least_times, pp_lite and the batched rank."""
     groups, fr, budget, bucket = case
     c = choose(groups, fr, budget, bucket)
-    old = stage_mod._stride
-    stage_mod._stride = lambda steps, width, n_options, bucket, weight=1.0: (min(2, steps), np.uint8)
+    old = stage_mod.traceback_block
+    stage_mod.traceback_block = lambda steps, width, n_options, bucket, weight=1.0: (min(2, steps), np.uint8)
     try:
         assert choose(groups, fr, budget, bucket) == c
     finally:
-        stage_mod._stride = old
+        stage_mod.traceback_block = old
     within = least_times(groups, fr, budget, bucket)
     assert within(budget) == (math.inf if c is None else c.time)
     everything = choose(groups, fr, math.inf, bucket)
@@ -284,13 +285,13 @@ def test_more_useful_options_than_two_bytes_can_index():
     opts = [LayerOption("none", 0.0, float(n + 1), 0.0)]
     opts += [LayerOption(f"o{j}", bucket - n + j, float(n - j), 0.0) for j in range(1, n)]
     layers = [Layers("x", 1)] * 7
-    old = stage_mod.SINGLE_STAGE_LIMIT
-    stage_mod.SINGLE_STAGE_LIMIT = 124  # 7 layers of 2 cells: 8 rows (128 bytes) do not fit, one block (120) does
+    old = limits_mod.SINGLE_STAGE_LIMIT
+    limits_mod.SINGLE_STAGE_LIMIT = 124  # 7 layers of 2 cells: 8 rows (128 bytes) do not fit, one block (120) does
     try:
-        assert stage_mod._stride(7, 2, n, bucket) == (7, np.uint32)
+        assert limits_mod.traceback_block(7, 2, n, bucket) == (7, np.uint32)
         c = choose(layers, {"x": opts}, 1.5 * bucket, bucket)  # room for one fast layer of seven
     finally:
-        stage_mod.SINGLE_STAGE_LIMIT = old
+        limits_mod.SINGLE_STAGE_LIMIT = old
     assert Counter(a.option.name for a in c.assignments) == {"none": 6, f"o{n - 1}": 1}
     assert c.time == 6 * (n + 1) + 1.0 and c.memory == bucket - 1
 
@@ -306,8 +307,8 @@ def test_the_suggested_bucket_passes_both_limits(monkeypatch, limit_bytes, limit
     fr = {"x": [LayerOption("keep", 7.0, 1.0, 1.0), LayerOption("drop", 1.0, 3.0, 3.0)]}
     layers, budget, bucket = [Layers("x", 40)], 200.0, 0.05
     want = choose(layers, fr, budget, 1.0)
-    monkeypatch.setattr(stage_mod, "SINGLE_STAGE_LIMIT", limit_bytes)
-    with work_limit(limit_cells + 2 * 40 * stage_mod.STEP_CELLS):  # the cells over the passes' set-up
+    monkeypatch.setattr(limits_mod, "SINGLE_STAGE_LIMIT", limit_bytes)
+    with work_limit(limit_cells + 2 * 40 * limits_mod.STEP_CELLS):  # the cells over the passes' set-up
         with pytest.raises(ValueError, match="use a bucket of at least") as info:
             choose(layers, fr, budget, bucket)
         number, unit = re.search(r"at least ([\d.]+) (bytes|KiB)", str(info.value)).groups()
