@@ -17,7 +17,7 @@ import numpy as np
 
 from ._options import FrontTable
 from ._passes import Segment, option_tables
-from ._work import MAX_ROW_BUCKETS, OPTIONS_PER_CELL, coarser, format_count
+from ._work import LEVEL_CELLS, MAX_ROW_BUCKETS, OPTIONS_PER_CELL, check_work, coarser, format_count, max_cells
 
 #: Most passes a cut at the cache target may compute again, as a share of the chunk before it.
 RECOMPUTE_SHARE = 0.25
@@ -103,7 +103,7 @@ def too_wide(capacity: int, max_bytes: int, bucket: float) -> str:
 
 
 def plan_chunks(problems: Sequence[Knapsack], max_bytes: int, bucket: float,
-                target: int | None = None) -> list[list[tuple]]:
+                target: int | None = None, what: str | None = None) -> list[list[tuple]]:
     """Group problems by step sequence and cut them into chunks under ``max_bytes``
     and, where that costs little, under ``target`` bytes (default ``max_bytes``;
     a smaller target keeps chunks cache-sized).  A cut makes the next chunk
@@ -115,7 +115,9 @@ def plan_chunks(problems: Sequence[Knapsack], max_bytes: int, bucket: float,
     Returns chunks of ``(runs, [(capacity, ident), ...])``, the sequences in the
     order of :func:`_coded`.  A step sequence whose row alone needs more than
     ``target`` gets a chunk of its own; one too wide for ``max_bytes`` raises
-    ValueError naming a bucket that would fit.
+    ValueError naming a bucket that would fit.  With ``what`` (the work's name in a
+    refusal), a chain of more levels than the work limit's passes allow is refused
+    first (:class:`._work.WorkTooLarge`): the chunks are built level by level.
     """
     target = max_bytes if target is None else min(target, max_bytes)
     index: dict[tuple, int] = {}
@@ -128,6 +130,9 @@ def plan_chunks(problems: Sequence[Knapsack], max_bytes: int, bucket: float,
             widest[g] = capacity
     sequences = list(index)
     _, order, _, _, shared, depth = _coded(sequences)
+    deepest = int(depth.max()) if len(depth) else 0
+    if what is not None and deepest * LEVEL_CELLS > max_cells():
+        check_work(0, bucket, what, passes=deepest)
     order = order.tolist()
     unit = row_bytes(0)
     need = [unit * (widest[i] + 1) for i in order]

@@ -17,7 +17,7 @@ from ._batch import Chunk, Knapsack, build_chunk, plan_chunks
 from ._options import FrontTable, check_int
 from ._passes import MAX_TABLE_WIDTH
 from ._problem import FASTEST, KNAPSACK, StageProblem, verdict
-from ._work import LEVEL_CELLS, check_work, max_cells, paused_collection, report
+from ._work import check_work, paused_collection, report
 
 
 def _upload(backend: Backend, chunk: Chunk) -> list[tuple]:
@@ -84,11 +84,9 @@ def solve_knapsacks(problems: Sequence[Knapsack], table: FrontTable, backend: Ba
     if backend.is_gpu and max_bytes is not None:  # never more than the device has free
         limit = min(limit, backend.default_max_bytes())
     what = f"solving {len(problems):,} stage problem" + ("s" if len(problems) > 1 else "")
-    deepest = max(sum(n for _, n in p.runs) for p in problems)  # levels of its chain: too many are refused
-    if deepest * LEVEL_CELLS > max_cells():                     # before the plan, which is built per level
-        check_work(0, table.bucket, what, passes=deepest)
+    # a chain of too many levels is refused by the plan, before any chunk is built level by level
     chunks = [build_chunk(entries, table)
-              for entries in plan_chunks(problems, limit, table.bucket, backend.chunk_bytes(limit))]
+              for entries in plan_chunks(problems, limit, table.bucket, backend.chunk_bytes(limit), what)]
     total = sum(chunk.cells for chunk in chunks)  # progress counts cells; the limit weighs wide option sets
     check_work(sum(chunk.counted(backend.options_per_cell) for chunk in chunks), table.bucket, what,
                passes=sum(len(chunk.levels) for chunk in chunks))
