@@ -204,15 +204,16 @@ def _buckets(budget: np.ndarray, fronts: Any) -> np.ndarray:
 class TupleMemo:
     """What the rounds of one interleaved search share.  Per stage, every tuple answered
     so far, found by a code that does not depend on the round (its counts as digits in
-    base ``layers + 1``), with its all-fastest time (``inf`` unless the all-fastest
-    choice fits) and the place of its knapsack problem (``-1``: none); the knapsack
-    problems with their verdicts, each made once."""
+    base ``layers + 1``, the first the most significant), with its all-fastest time
+    (``inf`` unless the all-fastest choice fits) and the place of its knapsack problem
+    (``-1``: none); the knapsack problems with their verdicts, each made once."""
 
     def __init__(self) -> None:
         self.stages: dict = {}  # s -> (codes in order, time, place)
         self.problems: list = []
         self.verdicts: list = []
         self._index: dict = {}  # problem -> its place in problems
+        self._verdicts: dict = {}  # capacity -> its knapsack verdict
 
     def answer(self, model: Any, s: int, p: int, chunks: int, table: list, fronts: Any,
                rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -220,7 +221,9 @@ class TupleMemo:
         base = model.layers + 1
         if base ** chunks >= _EXACT:  # codes would overflow: answer without remembering
             return self._new(model, s, p, chunks, table, fronts, rows)
-        code = rows @ (base ** np.arange(chunks, dtype=np.int64))
+        # the first count the most significant digit: rows in lexicographic order (as every
+        # caller passes them) have increasing codes, which searchsorted finds fastest
+        code = rows @ (base ** np.arange(chunks - 1, -1, -1, dtype=np.int64))
         codes, time, place = self.stages.get(s, (np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0, np.int64)))
         at = np.searchsorted(codes, code)
         seen = np.zeros(len(code), dtype=bool) if not len(codes) else codes[np.minimum(at, len(codes) - 1)] == code
@@ -241,12 +244,16 @@ class TupleMemo:
         knap = np.flatnonzero(kind == KNAPSACK)
         made, into = stage.problems(knap)
         places = []
+        index, problems, verdicts, shared = self._index, self.problems, self.verdicts, self._verdicts
         for q, room in zip(made, capacity[knap[np.unique(into, return_index=True)[1]]].tolist()):
-            at = self._index.get(q)
-            if at is None:
-                at = self._index[q] = len(self.problems)
-                self.problems.append(q)
-                self.verdicts.append(Verdict(KNAPSACK, capacity=room))
+            n = len(problems)
+            at = index.setdefault(q, n)  # one hash a problem, new or not
+            if at == n:
+                problems.append(q)
+                how = shared.get(room)  # verdicts are immutable: one per capacity
+                if how is None:
+                    how = shared[room] = Verdict(KNAPSACK, capacity=room)
+                verdicts.append(how)
             places.append(at)
         place = np.full(len(rows), -1, dtype=np.int64)
         place[knap] = np.array(places, dtype=np.int64)[into] if places else place[knap]
