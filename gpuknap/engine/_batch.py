@@ -10,20 +10,31 @@ capacity any problem below it reads, so rows narrow as stages fill up.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from itertools import chain
+from itertools import chain, repeat
+from operator import itemgetter
 from typing import NamedTuple, Sequence
 
 import numpy as np
 
 from ._options import FrontTable
 from ._passes import Segment, option_tables
-from ._work import LEVEL_CELLS, MAX_ROW_BUCKETS, OPTIONS_PER_CELL, check_work, coarser, format_count, max_cells
+from ._work import (
+    LEVEL_CELLS,
+    MAX_ROW_BUCKETS,
+    MAX_STEPS,
+    OPTIONS_PER_CELL,
+    check_work,
+    coarser,
+    format_count,
+    max_cells,
+)
 
 #: Most passes a cut at the cache target may compute again, as a share of the chunk before it.
 RECOMPUTE_SHARE = 0.25
 #: Working arrays alive during one level (previous, gathered, output, temporary).
 ARRAYS_PER_LEVEL = 4
 CELL_BYTES = 8
+_COUNT = itemgetter(1)
 
 
 @dataclass
@@ -129,10 +140,13 @@ def plan_chunks(problems: Sequence[Knapsack], max_bytes: int, bucket: float,
         if capacity > widest[g]:
             widest[g] = capacity
     sequences = list(index)
-    _, order, _, _, shared, depth = _coded(sequences)
-    deepest = int(depth.max()) if len(depth) else 0
+    deepest = max(map(sum, map(map, repeat(_COUNT), sequences)), default=0)  # Python ints: exact at any count
     if what is not None and deepest * LEVEL_CELLS > max_cells():
         check_work(0, bucket, what, passes=deepest)
+    if deepest >= MAX_STEPS:
+        raise ValueError(f"a stage of {format_count(deepest)} layer steps is more than the engine counts (2**62); "
+                         "use fewer layers per stage")
+    _, order, _, _, shared, depth = _coded(sequences)
     order = order.tolist()
     unit = row_bytes(0)
     need = [unit * (widest[i] + 1) for i in order]
@@ -165,7 +179,8 @@ def plan_chunks(problems: Sequence[Knapsack], max_bytes: int, bucket: float,
 
 
 def _coded(sequences: Sequence[tuple]) -> tuple:
-    """Step sequences (tuples of ``(key, count)`` runs) as integer rows:
+    """Step sequences (tuples of ``(key, count)`` runs of fewer than :data:`MAX_STEPS` steps
+    each) as integer rows:
     ``(keys, order, sid, count, shared, depth)``.  Keys are numbered by first
     appearance; ``order`` sorts the sequences as tuples of ``(key number, count)``
     pairs sort (stable); ``sid`` and ``count`` are the sorted runs padded with

@@ -25,7 +25,7 @@ from ._problem import (
     zeros_row,
 )
 from ._results import Assignment, PipelineChoice, Stage, StageChoice
-from ._stagelimits import guard, traceback_block
+from ._stagelimits import check_steps, guard, traceback_block
 from ._work import option_weight
 
 Fronts = Mapping[Hashable, Sequence[Any]]
@@ -75,6 +75,7 @@ def _choose(table: FrontTable, groups: tuple, budget: float) -> StageChoice | No
         return _assemble(groups, fronts, counts, how.time)
     capacity = how.capacity
     width, n = capacity + 1, sum(g.count for g in groups)
+    check_steps(n, table.bucket, "this stage")  # before any float is made from the count
     weight = sum(g.count * option_weight(len(f.options)) for g, f in zip(groups, fronts)) / max(n, 1)
     stride, dtype = traceback_block(n, width, max(len(f.options) for f in fronts), table.bucket, weight)  # refuses first
     steps = [(gi, f) for gi, (g, f) in enumerate(zip(groups, fronts)) for _ in range(g.count)]
@@ -190,6 +191,7 @@ def least_times(groups: Sequence[Layers], fronts: Fronts, budget: float, bucket:
         cap = buckets_down(fastest_bytes, table.bucket) if math.isfinite(fastest_bytes) else None
         width = buckets_down(budget, table.bucket, cap=cap) + 1
         steps = sum(n for _, n in problem.runs)
+        check_steps(steps, table.bucket, "this stage's times within each budget")
         rate = sum(n * option_weight(len(table.get(*key).options)) for key, n in problem.runs)
         # the row, the pass's output and its scratch row
         guard(width, 3 * 8, lambda w: math.ceil(w * rate), table.bucket, "this stage's times within each budget",

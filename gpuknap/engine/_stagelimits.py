@@ -15,9 +15,13 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from ._options import check_int
 from ._work import (
     MAX_ROW_BUCKETS,
+    MAX_STEPS,
     STEP_CELLS,
+    WorkTooLarge,
+    amount,
     bucket_factor,
     check_work,
     coarser,
@@ -42,19 +46,31 @@ def table_limit() -> int:
 def single_stage_memory(max_bytes: int) -> Iterator[None]:
     """Hold single-stage solves (``choose``, ``least_times``, ``suffix_times``) to ``max_bytes``
     inside the ``with`` block, as ``max_bytes`` holds the batched engine (``--max-memory``)."""
-    token = _table_cap.set(int(max_bytes))
+    token = _table_cap.set(check_int(max_bytes, "single_stage_memory max_bytes (bytes)", 1))
     try:
         yield
     finally:
         _table_cap.reset(token)
 
 
+def check_steps(steps: int, bucket: float, what: str) -> None:
+    """Refuse a stage of ``steps`` layer steps whose passes alone are over the work limit (no
+    bucket helps), or that no float count of cells can hold (over :data:`._work.MAX_STEPS`)."""
+    if steps * STEP_CELLS >= max_cells():
+        check_work(0, bucket, what, passes=steps, pass_cells=STEP_CELLS)  # refuses: fixed work over the limit
+    if steps >= MAX_STEPS:
+        raise ValueError(f"{what} has {format_count(steps)} layer steps, more than the solvers count (2**62); "
+                         "use fewer layers per stage")
+
+
 def guard(width: int, byte_rate: int, cells: Callable[[int], int], bucket: float, what: str,
-           passes: int) -> None:
+           passes: int, least: tuple[int, int, int] | None = None) -> None:
     """Refuse, before allocating anything, a solve whose arrays (``byte_rate`` bytes a bucket of its
     rows' ``width``) need over :func:`table_limit` bytes, whose ``passes`` over ``cells(width)`` DP
     cells are more work than the limit, or whose rows are wider than
-    :data:`._work.MAX_ROW_BUCKETS`, suggesting a bucket that passes all three."""
+    :data:`._work.MAX_ROW_BUCKETS`, suggesting a bucket that passes all three.  ``least``: the
+    bytes, cells and passes the solve needs at any bucket, at rows of one bucket (default: these
+    rows' at width 1); over a limit, the refusal says that no bucket helps."""
     if width >= MAX_ROW_BUCKETS:  # nothing is counted at this width: advise from a narrower row
         if passes * STEP_CELLS >= max_cells():
             check_work(0, bucket, what, passes=passes, pass_cells=STEP_CELLS)  # no bucket helps: refuses
@@ -68,9 +84,21 @@ def guard(width: int, byte_rate: int, cells: Callable[[int], int], bucket: float
     if over <= 1:
         check_work(counted, bucket, what, passes=passes, pass_cells=STEP_CELLS)  # passes (and is counted)
         return
+    limit = table_limit()
+    least_bytes, least_cells, least_passes = least if least is not None else (byte_rate, cells(1), passes)
+    least_work = least_cells + least_passes * STEP_CELLS
+    if least_work > max_cells():
+        if least_passes * STEP_CELLS >= max_cells():  # the passes alone: the usual words
+            check_work(0, bucket, what, passes=least_passes, pass_cells=STEP_CELLS)
+        raise WorkTooLarge(f"{what} needs {amount(least_work)} DP cells of work at any bucket, over the work limit "
+                           f"of {amount(max_cells())}; a larger bucket does not change that: use fewer layers per "
+                           "stage, or raise the limit (--max-work, gpuknap.work_limit)", least_work)
+    if least_bytes > limit:
+        raise ValueError(f"{what} needs {format_bytes(least_bytes)} of DP tables at any bucket, over "
+                         f"{format_bytes(limit)}; a larger bucket does not change that: raise --max-memory "
+                         "(gpuknap.engine.single_stage_memory)")
     factor = bucket_factor(over, width)
     check_work(counted, bucket, what, factor, passes, STEP_CELLS)
-    limit = table_limit()
     if nbytes > limit:
         raise ValueError(f"{what} needs {format_bytes(nbytes)} of DP tables (over {format_bytes(limit)}); "
                          f"use {coarser(bucket, over, width)}"
@@ -108,5 +136,6 @@ def traceback_block(steps: int, width: int, n_options: int, bucket: float, weigh
         guard(width, 0, once, bucket, "this stage", steps)
         return max(steps, 1), dtype
     stride = min(range(1, min(max(steps, 1), 2**16) + 1), key=rate)  # best near sqrt(8 x layers)
-    guard(width, rate(stride), lambda w: math.ceil(2 * steps * w * weight), bucket, "this stage", 2 * steps)
+    least = (min((steps + 1) * 8, rate(stride)), once(1), steps)  # at width 1, the better way
+    guard(width, rate(stride), lambda w: math.ceil(2 * steps * w * weight), bucket, "this stage", 2 * steps, least)
     return stride, dtype

@@ -54,6 +54,9 @@ SUGGESTION_MARGIN = 1.1
 #: batched engine's working memory): a wider one is refused before any count is made from it (its
 #: bucket numbers would not fit the engine's integer arrays, nor its cell counts a float).
 MAX_ROW_BUCKETS = 2**40
+#: Most layer steps a stage may have, whatever the work limit allows: the batched engine sums a
+#: stage's counts as 64-bit integers, and the single-stage solvers count its cells as floats.
+MAX_STEPS = 2**62
 _max_cells: ContextVar[int] = ContextVar("gpuknap_max_cells", default=DEFAULT_MAX_CELLS)
 _spent: ContextVar[list | None] = ContextVar("gpuknap_spent_cells", default=None)
 
@@ -127,9 +130,9 @@ def coarser(bucket: float, ratio: float, width: int | None = None, at_least: int
     return f"a bucket of at least {format_bytes(size)}" if math.isfinite(size) else "a far larger bucket"
 
 
-def format_count(n: int) -> str:
-    """``n`` in full, or its order of magnitude past 15 digits."""
-    return str(n) if n < 10**15 else f"about 10^{len(str(n)) - 1}"
+def format_count(n: int, spec: str = "") -> str:
+    """``n`` in full (formatted by ``spec``), or its order of magnitude past 15 digits."""
+    return format(n, spec) if n < 10**15 else f"about 10^{len(str(n)) - 1}"
 
 
 @contextmanager
@@ -158,13 +161,22 @@ def check_work(cells: int, bucket: float, what: str = "this batch", factor: int 
         return
     if fixed >= limit:
         raise WorkTooLarge(
-            f"{what} needs {passes:,} DP passes over its layers, {fixed:.3g} DP cells of work before any "
-            f"bucket is counted, over the work limit of {limit:.3g}; a larger bucket does not change that: "
-            f"use fewer layers per stage, or raise the limit (--max-work, gpuknap.work_limit)", cells + fixed)
+            f"{what} needs {format_count(passes, ',')} DP passes over its layers, {amount(fixed)} DP cells of work "
+            f"before any bucket is counted, over the work limit of {amount(limit)}; a larger bucket does not change "
+            "that: use fewer layers per stage, or raise the limit (--max-work, gpuknap.work_limit)", cells + fixed)
+    try:
+        ratio = cells / (limit - fixed)
+    except OverflowError:  # past any float: no float names the bucket either
+        ratio = math.inf
     raise WorkTooLarge(
-        f"{what} needs {cells + fixed:.3g} DP cells, over the work limit of {limit:.3g}; use "
-        f"{coarser(bucket, cells / (limit - fixed), at_least=factor)} (--bucket), or raise the limit "
-        "(--max-work, gpuknap.work_limit)", cells + fixed)
+        f"{what} needs {amount(cells + fixed)} DP cells, over the work limit of {amount(limit)}; use "
+        f"{coarser(bucket, ratio, at_least=factor)} (--bucket), or raise the limit (--max-work, gpuknap.work_limit)",
+        cells + fixed)
+
+
+def amount(n: int) -> str:
+    """A count of cells to three digits (its order of magnitude past any float)."""
+    return f"{n:.3g}" if n < 1e300 else format_count(n)
 
 
 def format_bytes(n: float) -> str:

@@ -258,3 +258,60 @@ def test_least_times_of_layers_past_any_float_answers_small_rooms():
     assert within(100) == choose([Layers("x", 3)], fr, 100, 1).time
     with pytest.raises(ValueError, match="budget is inf"):
         least_times([Layers("x", 3)], fr, math.inf, 1)
+
+
+_SLOW_FAST = {"a": [LayerOption("slow", 0.0, 1.0, 2.0), LayerOption("fast", 1.0, 0.5, 1.0)]}
+_SLOW_FAST["b"] = _SLOW_FAST["a"]
+
+
+@pytest.mark.parametrize("groups", [
+    [Layers("a", 2**62), Layers("b", 2**62), Layers("a", 2**62), Layers("b", 2**62)],  # 2**64: wraps in int64
+    [Layers("a", 2**61), Layers("b", 2**61)], [Layers("a", 2**63)], [Layers("a", 2**1014)], [Layers("a", 2**1030)]],
+    ids=["sum-2^64", "sum-2^62", "2^63", "2^1014", "2^1030"])
+@pytest.mark.parametrize("limit", [None, 10**400])
+def test_stages_of_more_layer_steps_than_any_count_are_refused(groups, limit):
+    """A stage whose layer steps the engine's 64-bit sums or the solvers' float counts cannot hold
+    is refused with a ValueError by every solver, whatever the work limit allows: counts summing
+    to 2**64 once wrapped to 0 in the plan, skipped the refusal and crashed the process; larger
+    counts ended in OverflowError while the refusal was being written."""
+    solvers = [lambda: rank([[Stage(groups, 10.0)]], _SLOW_FAST, 1, backend="numpy"),
+               lambda: choose(groups, _SLOW_FAST, 10.0, 1),
+               lambda: choose(groups, _SLOW_FAST, 10.0, 1, bound=True),
+               lambda: pp_lite([Stage(groups, 10.0)], _SLOW_FAST, 1),
+               lambda: least_times(groups, _SLOW_FAST, 10.0, 1)]
+    for solve in solvers:
+        with work_limit(limit or DEFAULT_MAX_CELLS):
+            with pytest.raises(ValueError, match="DP passes over its layers|more than the (engine|solvers) count"):
+                solve()
+
+
+@pytest.mark.parametrize("bad", [0, 0.5, -1, math.inf, None, "1 GiB", True])
+def test_single_stage_memory_checks_its_argument(bad):
+    from gpuknap.engine import single_stage_memory
+    with pytest.raises(ValueError, match="max_bytes"):
+        with single_stage_memory(bad):
+            pass
+
+
+def test_a_refusal_that_no_bucket_can_lift_says_so():
+    """Where rows of one bucket are already over a limit (the layers' passes nearly fill the work
+    limit, or the table limit is under one row's bytes), the refusal says that a larger bucket
+    does not change that, instead of naming a bucket that would be refused again (it once named
+    31 bytes, then 93, 279 ... without end)."""
+    from gpuknap.engine import single_stage_memory
+    with pytest.raises(WorkTooLarge, match="a larger bucket does not change that"):
+        least_times([Layers("a", 4_999_000)], _SLOW_FAST, 10.0, 1)
+    with work_limit(10**7), pytest.raises(WorkTooLarge, match="a larger bucket does not change that"):
+        suffix_times([Layers("a", 1)] * 4_999, _SLOW_FAST, [10.0] * 5_000, 1)
+    fr = {"a": [LayerOption("s", 0.0, 1.0, 2.0), LayerOption("f", 1000.0, 0.5, 1.0)]}
+    for limit in (1, 7, 20):
+        with single_stage_memory(limit):
+            with pytest.raises(ValueError, match="a larger bucket does not change that: raise --max-memory"):
+                choose([Layers("a", 4)], fr, 2000.0, 1)
+            with pytest.raises(ValueError, match="a larger bucket does not change that: raise --max-memory"):
+                least_times([Layers("a", 4)], fr, 2000.0, 1)
+    with single_stage_memory(64):  # one row of 2 buckets a layer does fit: the advice is a bucket, and it works
+        with pytest.raises(ValueError, match="bucket of at least") as refused:
+            choose([Layers("a", 4)], fr, 2000.0, 1)
+        size, unit = re.search(r"bucket of at least ([0-9.e+]+) (bytes|KiB|MiB|GiB)", str(refused.value)).groups()
+        assert choose([Layers("a", 4)], fr, 2000.0, float(size) * _UNITS[unit]) is not None
