@@ -18,6 +18,8 @@ import threading
 from typing import Any, Callable
 
 import numpy as np
+import warnings
+
 import pytest
 from paths import EXAMPLES, PACKAGED
 
@@ -234,14 +236,22 @@ api("600 layers of 600 kinds on 4 stages", lambda: best_splits(_varied(600), 4, 
 api("3,000 layers of 3,000 kinds", lambda: best_splits(_varied(3000), 4, backend="numpy"), "too varied")
 
 
+api("option memory past any float beside a capacity near it",
+    lambda: best_splits(PipelineModel(("a",) * 6, {"a": [LayerOption("s", 0.85e308, 1, 2), LayerOption("f", 1.7e308, 0.5, 1)]},
+                                      {"a": 0.0}, 1.7e308, 8), 2, backend="numpy"), "memory(2)", "finite")
+
+
 def test_the_api_table_is_large():
     assert len(API) >= 150 and len({name for name, _, _ in API}) == len(API)
 
 
 @pytest.mark.parametrize("call, words", [(c, w) for _, c, w in API], ids=[n for n, _, _ in API])
 def test_the_api_raises_value_error_naming_the_argument(call, words):
-    with pytest.raises(ValueError) as info:
-        call()
+    """... and nothing else: no warning on the way (an overflow warning once came before one)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ValueError) as info:
+            call()
     for word in words:
         assert word in str(info.value), (word, str(info.value))
 

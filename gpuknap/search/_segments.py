@@ -124,7 +124,7 @@ def _span_bounds(model: Any, inflight: list[int], fronts: FrontTable, index: Kin
         cost = (index.static + lightest)[index.codes]
         with np.errstate(over="ignore"):  # absurd memory sums to inf: such layers never fit, as they should not
             prefix = np.concatenate(([0.0], np.cumsum(cost)))
-        reach = prefix + limit + abs(limit) * 1e-9 + 1e-6  # slack for sums in another order
+            reach = prefix + limit + abs(limit) * 1e-9 + 1e-6  # slack for sums in another order
         last = np.searchsorted(prefix, reach, side="right") - 1
         out[np.asarray(inflight) == k] = np.maximum(last - np.arange(n + 1), 0)
     return out
