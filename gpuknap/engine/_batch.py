@@ -80,6 +80,11 @@ class Chunk:
         return -(-weighted // per_cell)
 
     @property
+    def peak_bytes(self) -> int:
+        """Working bytes of the chunk's largest level, as :func:`row_bytes` counts a row."""
+        return max((lv.rows * row_bytes(lv.width - 1) for lv in self.levels), default=0)
+
+    @property
     def work(self) -> int:
         """Cell-options the chunk performs (each cell once per option of its row's step)."""
         return sum((seg.stop - seg.start) * lv.width * len(seg.weights) for lv in self.levels for seg in lv.segments)

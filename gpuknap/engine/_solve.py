@@ -12,12 +12,12 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ._backend import Backend, get_backend
+from ._backend import Backend, available_host_bytes, get_backend
 from ._batch import Chunk, Knapsack, build_chunk, plan_chunks
 from ._options import FrontTable, check_int
 from ._passes import MAX_TABLE_WIDTH
 from ._problem import FASTEST, KNAPSACK, StageProblem, verdict
-from ._work import check_work, paused_collection, report
+from ._work import check_work, format_bytes, paused_collection, report
 
 
 def _upload(backend: Backend, chunk: Chunk) -> list[tuple]:
@@ -90,6 +90,12 @@ def solve_knapsacks(problems: Sequence[Knapsack], table: FrontTable, backend: Ba
     total = sum(chunk.cells for chunk in chunks)  # progress counts cells; the limit weighs wide option sets
     check_work(sum(chunk.counted(backend.options_per_cell) for chunk in chunks), table.bucket, what,
                passes=sum(len(chunk.levels) for chunk in chunks))
+    if not backend.is_gpu and max_bytes is not None:  # a limit over what the machine has: refused, not run out of
+        need = max(chunk.peak_bytes for chunk in chunks)
+        if need > available_host_bytes():
+            raise ValueError(f"{what} needs {format_bytes(need)} of working memory in one chunk, more than the "
+                             f"{format_bytes(available_host_bytes())} this machine has available; lower max_bytes "
+                             "(--max-memory) so the batch is cut into smaller chunks, or use a larger bucket (--bucket)")
     widest = max(chunk.root_width for chunk in chunks)
     if backend.uses_tables and widest > MAX_TABLE_WIDTH:
         raise ValueError(f"a stage of {widest:,} buckets is wider than the {backend.name} pass's 32-bit option "

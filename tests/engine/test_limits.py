@@ -315,3 +315,17 @@ def test_a_refusal_that_no_bucket_can_lift_says_so():
             choose([Layers("a", 4)], fr, 2000.0, 1)
         size, unit = re.search(r"bucket of at least ([0-9.e+]+) (bytes|KiB|MiB|GiB)", str(refused.value)).groups()
         assert choose([Layers("a", 4)], fr, 2000.0, float(size) * _UNITS[unit]) is not None
+
+
+def test_a_max_bytes_over_the_memory_available_is_refused_before_any_pass(monkeypatch):
+    """``max_bytes`` above what the machine has lets a chunk be planned that cannot be allocated
+    (a red team's ``max_bytes=10**400`` ended in a MemoryError of 45 GiB): such a chunk is refused
+    with a ValueError saying what to lower; within what is available, the same batch runs."""
+    import gpuknap.engine._solve as solve_mod
+    fr = {"a": [LayerOption("slow", 0.0, 1.0, 2.0), LayerOption("fast", 1000.0, 0.5, 1.0)]}
+    stages = [[Stage([Layers("a", 3)], 999.0)]]
+    want = rank(stages, fr, 1, backend="numpy").slowest
+    monkeypatch.setattr(solve_mod, "available_host_bytes", lambda: 20_000)  # a row of 1,000 buckets: 32 KB
+    with pytest.raises(ValueError, match="more than the 19.6 KiB this machine has available; lower max_bytes"):
+        rank(stages, fr, 1, backend="numpy", max_bytes=10**400)
+    assert list(rank(stages, fr, 1, backend="numpy").slowest) == list(want)  # the default: a share of what is free
