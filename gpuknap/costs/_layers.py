@@ -168,7 +168,9 @@ def moe_mlp(arch: Architecture, tr: Training, device: Device) -> dict:
     routed = s * b * e.top_k / (t * c)  # token-assignments whose expert work this rank does
     out = dense_mlp(arch, tr, device, e.shared_ffn) if e.shared_ffn else {
         "params": 0.0, "params_whole": _norm_params(arch), "matmul": 0.0, "model_flops": 0.0,
-        "act": ACT * held * h + (held * h if arch.dropout else 0.0),
+        # the norm's input and its output, which the router keeps for its weight gradient (with
+        # shared experts their fc1 keeps that same tensor, counted by the dense MLP)
+        "act": 2 * ACT * held * h + (held * h if arch.dropout else 0.0),
         "stream": held * h * (4 + (7 if arch.dropout else 6)), "comm": (0.0, 0.0)}
     out["params_whole"] += h * e.experts + (h if e.shared_gate else 0)  # the router (and the shared experts' gate)
     out["expert_params"] = e.experts * 3 * h * e.ffn / (tr.ep * u)

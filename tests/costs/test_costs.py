@@ -70,6 +70,28 @@ def test_gqa_and_wide_mlp_activations_module_by_module(kv, ffn, t):
     assert math.isclose(opt.per_micro_batch, attention + mlp, rel_tol=1e-12)
 
 
+@pytest.mark.parametrize("t,sp,etp", [(1, False, None), (4, True, None), (4, True, 1), (4, False, 2)])
+def test_moe_activations_module_by_module(t, sp, etp):
+    """An MoE layer without shared experts keeps, besides its attention's tensors: the MLP norm's
+    input and output (Megatron's router saves its input for the weight gradient), the router's
+    fp32 logits, and per routed token the expert input, the fc1 outputs (gate, up) and the
+    activation output, the expert input gathered over the expert-tensor group (ETP, by default
+    TP); a red team found the router's input missing, about 4 % of the layer."""
+    h, a, kv, s, b, e, k, f = 4096, 32, 8, 4096, 1, 8, 2, 14336
+    arch = Architecture(layers=4, hidden=h, heads=a, kv_heads=kv, experts=Experts(e, k, f), moe_layers=(True,) * 4,
+                        vocab=32000)
+    tr = Training(seq=s, micro_batch=b, tensor_parallel=t, sequence_parallel=sp, data_parallel=8,
+                  expert_tensor_parallel=etp)
+    u = t if etp is None else etp
+    moe = options_of(build(arch, tr, device("h100"), 1e15, 4, 0.0), "moe")["NONE"]
+    dense = options_of(gqa_model(h, a, kv, f, t, s, b, sp), "dense")["NONE"]
+    held = s * b / t if sp else s * b  # a norm's tokens on this rank
+    dense_mlp = 2 * held * h + 2 * (s * b * h / t if sp else s * b * h) + 2 * s * b * 3 * f / t
+    routed = s * b * k / t
+    moe_mlp = 2 * held * h * 2 + 4 * held * e + 2 * routed * (u * h + 3 * f)
+    assert math.isclose(moe.per_micro_batch, dense.per_micro_batch - dense_mlp + moe_mlp, rel_tol=1e-12)
+
+
 def test_the_dense_and_moe_paths_agree_on_a_dense_layer():
     """A model with dense and MoE layers gives its dense layers exactly what a dense model of the
     same attention and MLP gives (options, times, parts, static bytes)."""

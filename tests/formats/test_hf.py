@@ -111,7 +111,7 @@ def test_deepseek_v3_layers_in_model_order():
 
 def test_moe_formulas_by_hand():
     """The MoE layer's memory and static bytes from the documented formulas (docs/costs.md),
-    computed apart: GQA attention with flash attention, router logits, the routed experts' share
+    computed apart: GQA attention with flash attention, the router's input and logits, the routed experts' share
     of the tokens, expert weights over EP x ETP with their optimizer over the expert DP group."""
     s, b, h, t, ep, dp = 2048, 2, 4096, 4, 4, 4
     heads, kv, f, E, k = 32, 8, 14336, 8, 2
@@ -125,7 +125,7 @@ def test_moe_formulas_by_hand():
     n_sp = s * b / t
     attention = 2 * n_sp * h * 2 + 2 * s * b * (heads / t * d * 2 + 2 * (kv / t) * d) + 4 * s * b * heads / t
     routed = s * b * k / t  # the token-assignments whose expert work one rank does
-    moe = 2 * n_sp * h + 4 * n_sp * E + 2 * routed * (1 * h + 3 * f)
+    moe = 2 * n_sp * h * 2 + 4 * n_sp * E + 2 * routed * (1 * h + 3 * f)  # the norm's input and output (router's)
     assert opts["NONE"].memory(1) == pytest.approx(attention + moe, rel=1e-12)
     assert opts["MOEACT"].memory(3) == pytest.approx(3 * (attention + moe - 2 * routed * f), rel=1e-12)
     assert opts["FULL"].memory(2) == pytest.approx(2 * 2 * s * b * h / t, rel=1e-12)
