@@ -91,11 +91,11 @@ def solve_knapsacks(problems: Sequence[Knapsack], table: FrontTable, backend: Ba
     check_work(sum(chunk.counted(backend.options_per_cell) for chunk in chunks), table.bucket, what,
                passes=sum(len(chunk.levels) for chunk in chunks))
     if not backend.is_gpu and max_bytes is not None:  # a limit over what the machine has: refused, not run out of
-        need = max(chunk.peak_bytes for chunk in chunks)
-        if need > available_host_bytes():
+        need, free = max(chunk.peak_bytes for chunk in chunks), available_host_bytes()
+        if need > free:  # counted as the plan counts max_bytes (the passes use a half to three quarters of it)
             raise ValueError(f"{what} needs {format_bytes(need)} of working memory in one chunk, more than the "
-                             f"{format_bytes(available_host_bytes())} this machine has available; lower max_bytes "
-                             "(--max-memory) so the batch is cut into smaller chunks, or use a larger bucket (--bucket)")
+                             f"{format_bytes(free)} this machine has available; lower max_bytes (--max-memory) so "
+                             "the batch is cut into smaller chunks, or use a larger bucket (--bucket)")
     widest = max(chunk.root_width for chunk in chunks)
     if backend.uses_tables and widest > MAX_TABLE_WIDTH:
         raise ValueError(f"a stage of {widest:,} buckets is wider than the {backend.name} pass's 32-bit option "

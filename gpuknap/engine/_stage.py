@@ -194,8 +194,8 @@ def least_times(groups: Sequence[Layers], fronts: Fronts, budget: float, bucket:
         check_steps(steps, table.bucket, "this stage's times within each budget")
         rate = sum(n * option_weight(len(table.get(*key).options)) for key, n in problem.runs)
         # the row, the pass's output and its scratch row
-        guard(width, 3 * 8, lambda w: math.ceil(w * rate), table.bucket, "this stage's times within each budget",
-               steps)
+        guard(width, lambda w: (3 * 8 * w, math.ceil(w * rate), steps), table.bucket,
+              "this stage's times within each budget")
         row = zeros_row(width)
         for (key, n) in problem.runs:
             f = table.get(*key)
@@ -241,7 +241,12 @@ def suffix_times(layers: Sequence[Layers], fronts: Fronts, budgets: Sequence[flo
     if width <= 0:
         return out
     rate = sum(option_weight(len(f.options)) for f in fronts_)
-    guard(width, 3 * 8, lambda w: math.ceil(w * rate), table.bucket, "this stage's suffix times", len(layers))
+    def width_at(size: float) -> int:  # the rows at another bucket (the heaviest layers' buckets round up)
+        top = sum(buckets_up(float(f.memories[-1]), size) for f in fronts_)
+        return max(buckets_down(b, size, cap=top) if b >= 0 else -1 for b in budgets) + 1
+
+    guard(width, lambda w: (3 * 8 * w, math.ceil(w * rate), len(layers)), table.bucket, "this stage's suffix times",
+          width_at)
     row = zeros_row(width)
     if caps[-1] >= 0:
         out[-1] = 0.0

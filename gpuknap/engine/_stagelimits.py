@@ -21,10 +21,8 @@ from ._work import (
     MAX_STEPS,
     STEP_CELLS,
     WorkTooLarge,
-    amount,
-    bucket_factor,
+    amounts,
     check_work,
-    coarser,
     format_bytes,
     format_count,
     max_cells,
@@ -56,58 +54,99 @@ def single_stage_memory(max_bytes: int) -> Iterator[None]:
 def check_steps(steps: int, bucket: float, what: str) -> None:
     """Refuse a stage of ``steps`` layer steps whose passes alone are over the work limit (no
     bucket helps), or that no float count of cells can hold (over :data:`._work.MAX_STEPS`)."""
-    if steps * STEP_CELLS >= max_cells():
+    if steps * STEP_CELLS > max_cells():
         check_work(0, bucket, what, passes=steps, pass_cells=STEP_CELLS)  # refuses: fixed work over the limit
     if steps >= MAX_STEPS:
         raise ValueError(f"{what} has {format_count(steps)} layer steps, more than the solvers count (2**62); "
                          "use fewer layers per stage")
 
 
-def guard(width: int, byte_rate: int, cells: Callable[[int], int], bucket: float, what: str,
-           passes: int, least: tuple[int, int, int] | None = None) -> None:
-    """Refuse, before allocating anything, a solve whose arrays (``byte_rate`` bytes a bucket of its
-    rows' ``width``) need over :func:`table_limit` bytes, whose ``passes`` over ``cells(width)`` DP
-    cells are more work than the limit, or whose rows are wider than
-    :data:`._work.MAX_ROW_BUCKETS`, suggesting a bucket that passes all three.  ``least``: the
-    bytes, cells and passes the solve needs at any bucket, at rows of one bucket (default: these
-    rows' at width 1); over a limit, the refusal says that no bucket helps."""
-    if width >= MAX_ROW_BUCKETS:  # nothing is counted at this width: advise from a narrower row
-        if passes * STEP_CELLS >= max_cells():
-            check_work(0, bucket, what, passes=passes, pass_cells=STEP_CELLS)  # no bucket helps: refuses
-        shrink = -(-width // (MAX_ROW_BUCKETS // 2))
-        narrow = -(-width // shrink)
-        advice = coarser(bucket * shrink, _overrun(narrow, byte_rate, cells, passes), narrow)
-        raise ValueError(f"{what} needs DP rows of {format_count(width)} buckets, wider than the solvers' limit of "
-                         f"2**40 buckets; use {advice} (--bucket)")
-    nbytes, counted = byte_rate * width, cells(width)
-    over = _overrun(width, byte_rate, cells, passes)
-    if over <= 1:
-        check_work(counted, bucket, what, passes=passes, pass_cells=STEP_CELLS)  # passes (and is counted)
-        return
-    limit = table_limit()
-    least_bytes, least_cells, least_passes = least if least is not None else (byte_rate, cells(1), passes)
-    least_work = least_cells + least_passes * STEP_CELLS
-    if least_work > max_cells():
-        if least_passes * STEP_CELLS >= max_cells():  # the passes alone: the usual words
-            check_work(0, bucket, what, passes=least_passes, pass_cells=STEP_CELLS)
-        raise WorkTooLarge(f"{what} needs {amount(least_work)} DP cells of work at any bucket, over the work limit "
-                           f"of {amount(max_cells())}; a larger bucket does not change that: use fewer layers per "
-                           "stage, or raise the limit (--max-work, gpuknap.work_limit)", least_work)
-    if least_bytes > limit:
-        raise ValueError(f"{what} needs {format_bytes(least_bytes)} of DP tables at any bucket, over "
-                         f"{format_bytes(limit)}; a larger bucket does not change that: raise --max-memory "
+#: ``need(width) -> (bytes, cells, passes)``: what a solve takes at rows of ``width`` buckets, never
+#: less at a wider row.
+Need = Callable[[int], tuple]
+
+
+def guard(width: int, need: Need, bucket: float, what: str,
+          width_at: Callable[[float], int] | None = None) -> None:
+    """Refuse, before allocating anything, a solve whose tables at rows of ``width`` buckets
+    (``need``) are over :func:`table_limit` bytes, whose passes are more work than the limit, or
+    whose rows are wider than :data:`._work.MAX_ROW_BUCKETS`; else count its work.  A refusal
+    names the smallest bucket whose rows pass all three (found by bisection over narrower rows,
+    as ``need`` never falls as rows widen), or says that none does.  The rows' width is taken to
+    shrink with the bucket (a budget's floor division); ``width_at(bucket)``, where given, is the
+    width at another bucket, and the advice grows until its rows pass."""
+    if width < MAX_ROW_BUCKETS:
+        nbytes, cells, passes = need(width)
+        if _fits(nbytes, cells, passes):
+            check_work(cells, bucket, what, passes=passes, pass_cells=STEP_CELLS)  # passes, and is counted
+            return
+    nbytes, cells, passes = need(1)
+    if not _fits(nbytes, cells, passes):  # rows of one bucket are over: no bucket helps
+        work = cells + passes * STEP_CELLS
+        if work > max_cells():
+            if passes * STEP_CELLS > max_cells():  # the passes alone: the usual words
+                check_work(0, bucket, what, passes=passes, pass_cells=STEP_CELLS)
+            need, most = amounts(work, max_cells())
+            raise WorkTooLarge(f"{what} needs {need} DP cells of work at any bucket, over the work limit "
+                               f"of {most}; a larger bucket does not change that: use fewer layers "
+                               "per stage, or raise the limit (--max-work, gpuknap.work_limit)", work)
+        raise ValueError(f"{what} needs {format_bytes(nbytes)} of DP tables at any bucket, over "
+                         f"{format_bytes(table_limit())}; a larger bucket does not change that: raise --max-memory "
                          "(gpuknap.engine.single_stage_memory)")
-    factor = bucket_factor(over, width)
-    check_work(counted, bucket, what, factor, passes, STEP_CELLS)
-    if nbytes > limit:
-        raise ValueError(f"{what} needs {format_bytes(nbytes)} of DP tables (over {format_bytes(limit)}); "
-                         f"use {coarser(bucket, over, width)}"
-                         + (" (--bucket), or raise --max-memory" if limit < SINGLE_STAGE_LIMIT else ""))
+    low, high = 1, min(width, MAX_ROW_BUCKETS) - 1  # the widest row that passes, by bisection
+    while low < high:
+        mid = (low + high + 1) // 2
+        if _fits(*need(mid)):
+            low = mid
+        else:
+            high = mid - 1
+    # a bucket (width + 1) / low times larger leaves rows of fewer than `low` + 1 buckets (one in
+    # width of slack for the budget's float division)
+    factor = -(-(width + 1) // low)
+    if width_at is not None:  # rows that shrink slower than the bucket grows: grow the advice
+        least = width_at(math.inf)  # the narrowest rows any bucket gives
+        if not _fits(*need(least)):
+            nbytes, cells, passes = need(least)
+            raise ValueError(f"{what} needs rows of {least:,} buckets at any bucket (one a layer whose heaviest "
+                             f"option has memory: the budgets are infinite), {format_bytes(nbytes)} of DP tables "
+                             f"and {amounts(cells + passes * STEP_CELLS, max_cells())[0]} DP cells, over the limits; a larger bucket "
+                             "does not change that: use fewer layers, finite budgets, or raise the limits "
+                             "(--max-memory, --max-work)")
+        while True:  # ends: past any float, the size is inf and the rows are `least` wide
+            narrow = width_at(_size(bucket, factor))
+            if narrow < MAX_ROW_BUCKETS and _fits(*need(narrow)):
+                break
+            factor *= 2
+    use = f"use {_times(bucket, factor)} (--bucket)"
+    if width >= MAX_ROW_BUCKETS:
+        raise ValueError(f"{what} needs DP rows of {format_count(width)} buckets, wider than the solvers' limit of "
+                         f"2**40 buckets; {use}")
+    nbytes, cells, passes = need(width)
+    if nbytes > table_limit():
+        raise ValueError(f"{what} needs {format_bytes(nbytes)} of DP tables (over {format_bytes(table_limit())}); "
+                         + use + (", or raise --max-memory" if table_limit() < SINGLE_STAGE_LIMIT else ""))
+    work = cells + passes * STEP_CELLS
+    need, most = amounts(work, max_cells())
+    raise WorkTooLarge(f"{what} needs {need} DP cells, over the work limit of {most}; {use}, "
+                       "or raise the limit (--max-work, gpuknap.work_limit)", work)
 
 
-def _overrun(width: int, byte_rate: int, cells: Callable[[int], int], passes: int) -> float:
-    """How many times over its limits (table bytes, work) a solve at ``width`` buckets is."""
-    return max(byte_rate * width / table_limit(), cells(width) / max(max_cells() - passes * STEP_CELLS, 1))
+def _fits(nbytes: int, cells: int, passes: int) -> bool:
+    return nbytes <= table_limit() and cells + passes * STEP_CELLS <= max_cells()
+
+
+def _size(bucket: float, factor: int) -> float:
+    """``bucket * factor`` (inf past any float)."""
+    try:
+        return bucket * factor
+    except OverflowError:
+        return math.inf
+
+
+def _times(bucket: float, factor: int) -> str:
+    """"a bucket of at least" ``bucket * factor``, or a plain request where no float names it."""
+    size = _size(bucket, factor)
+    return f"a bucket of at least {format_bytes(size)}" if math.isfinite(size) else "a far larger bucket"
 
 
 def traceback_block(steps: int, width: int, n_options: int, bucket: float, weight: float = 1.0) -> tuple[int, Any]:
@@ -119,23 +158,28 @@ def traceback_block(steps: int, width: int, n_options: int, bucket: float, weigh
     (8 bytes a cell) before each block; blocks other than the last are
     recomputed from their checkpoint.  One block when everything fits; else the
     block length needing the least memory.  Refuses what still does not fit, or
-    more passes than the work limit (``weight``: the steps' mean :func:`._work.option_weight`)."""
+    more passes than the work limit (``weight``: the steps' mean :func:`._work.option_weight`),
+    with the bucket at which one of the three ways fits both limits."""
     dtype = np.uint8 if n_options <= 2**8 else np.uint16 if n_options <= 2**16 else np.uint32
     cell = np.dtype(dtype).itemsize
 
     def rate(stride: int) -> int:  # bytes a bucket: checkpoints, choices of one block, three working rows
         return (-(-steps // stride) + 3) * 8 + stride * cell
 
-    def once(w: int) -> int:
-        return math.ceil(steps * w * weight)
+    one = max(steps, 1)
+    stride = min(range(1, min(one, 2**16) + 1), key=rate)  # best near sqrt(8 x layers), whatever the width
 
-    if (steps + 1) * 8 * width <= table_limit():  # every row kept: no choices recorded
-        guard(width, 0, once, bucket, "this stage", steps)
-        return 0, dtype
-    if rate(max(steps, 1)) * width <= table_limit():
-        guard(width, 0, once, bucket, "this stage", steps)
-        return max(steps, 1), dtype
-    stride = min(range(1, min(max(steps, 1), 2**16) + 1), key=rate)  # best near sqrt(8 x layers)
-    least = (min((steps + 1) * 8, rate(stride)), once(1), steps)  # at width 1, the better way
-    guard(width, rate(stride), lambda w: math.ceil(2 * steps * w * weight), bucket, "this stage", 2 * steps, least)
-    return stride, dtype
+    def way(w: int) -> tuple[int, int]:  # the block length at rows of w buckets, and its table bytes
+        if (steps + 1) * 8 * w <= table_limit():  # every row kept: no choices recorded
+            return 0, 0
+        if rate(one) * w <= table_limit():
+            return one, 0
+        return stride, rate(stride) * w
+
+    def need(w: int) -> tuple:  # a checkpointed traceback computes every block but the last twice
+        block, nbytes = way(w)
+        twice = block not in (0, one)
+        return nbytes, math.ceil((2 if twice else 1) * steps * w * weight), (2 if twice else 1) * steps
+
+    guard(width, need, bucket, "this stage")
+    return way(width)[0], dtype

@@ -160,30 +160,45 @@ def check_work(cells: int, bucket: float, what: str = "this batch", factor: int 
             spent[0] += cells + fixed
         return
     if fixed >= limit:
+        need, most = amounts(fixed, limit)
         raise WorkTooLarge(
-            f"{what} needs {format_count(passes, ',')} DP passes over its layers, {amount(fixed)} DP cells of work "
-            f"before any bucket is counted, over the work limit of {amount(limit)}; a larger bucket does not change "
+            f"{what} needs {format_count(passes, ',')} DP passes over its layers, {need} DP cells of work "
+            f"before any bucket is counted, over the work limit of {most}; a larger bucket does not change "
             "that: use fewer layers per stage, or raise the limit (--max-work, gpuknap.work_limit)", cells + fixed)
     try:
         ratio = cells / (limit - fixed)
     except OverflowError:  # past any float: no float names the bucket either
         ratio = math.inf
+    need, most = amounts(cells + fixed, limit)
     raise WorkTooLarge(
-        f"{what} needs {amount(cells + fixed)} DP cells, over the work limit of {amount(limit)}; use "
-        f"{coarser(bucket, ratio, at_least=factor)} (--bucket), or raise the limit (--max-work, gpuknap.work_limit)",
-        cells + fixed)
+        f"{what} needs {need} DP cells, over the work limit of {most}; use {coarser(bucket, ratio, at_least=factor)} "
+        "(--bucket), or raise the limit (--max-work, gpuknap.work_limit)", cells + fixed)
 
 
-def amount(n: int) -> str:
-    """A count of cells to three digits (its order of magnitude past any float)."""
-    return f"{n:.3g}" if n < 1e300 else format_count(n)
+def amounts(n: int, limit: int) -> tuple[str, str]:
+    """Counts of cells ``n`` and ``limit`` to three digits, or as many more as tell them apart
+    (their orders of magnitude past any float)."""
+    for digits in range(3, 18):
+        shown = tuple(f"{x:.{digits}g}" if x < 1e300 else format_count(x) for x in (n, limit))
+        if shown[0] != shown[1] or n == limit:
+            return shown
+    return str(n), str(limit)
 
 
 def format_bytes(n: float) -> str:
-    """A size rounded up to one decimal of the largest binary unit it reaches."""
+    """A size rounded up to one decimal of the largest binary unit it reaches (past 100,000 of
+    it, rounded up to six significant digits: a bucket advised this way is never below the one
+    computed)."""
     for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= size:
-            return f"{math.ceil(n / size * 10) / 10:g} {unit}"
+            q = n / size
+            if q < 1e5:
+                return f"{math.ceil(q * 10) / 10:g} {unit}"
+            step = 10.0 ** (math.floor(math.log10(q)) - 5)
+            digits = math.ceil(q / step)
+            while float(f"{digits * step:.6g}") * size < n:  # read back as bytes, it fell below: one more
+                digits += 1
+            return f"{digits * step:.6g} {unit}"
     return f"{math.ceil(n)} bytes"
 
 

@@ -329,3 +329,45 @@ def test_a_max_bytes_over_the_memory_available_is_refused_before_any_pass(monkey
     with pytest.raises(ValueError, match="more than the 19.6 KiB this machine has available; lower max_bytes"):
         rank(stages, fr, 1, backend="numpy", max_bytes=10**400)
     assert list(rank(stages, fr, 1, backend="numpy").slowest) == list(want)  # the default: a share of what is free
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_single_stage_refusals_agree_with_trying_buckets(seed):
+    """Random single-stage solves under small work and table limits (every way of keeping the
+    traceback, infinite budgets for ``suffix_times``): a refusal that says no bucket helps is
+    refused again at every bucket tried up to 2**40 times coarser, and a refusal that names a bucket
+    is accepted at that bucket at once.  (A review found both wrong: the checkpointed traceback's
+    doubled passes were said to need no bucket where a coarser bucket kept every row, and advice
+    that grew without end; the advice is now the smallest bucket that passes, printed rounded up.)"""
+    from gpuknap.engine import single_stage_memory
+    rng = random.Random(seed)
+    seen = {"none": 0, "named": 0}
+    for _ in range(70):
+        n = rng.choice([1, 2, 3, 5, 10, 30, 100])
+        k = rng.choice([2, 3, 6, 12])
+        fr = {"a": [LayerOption(f"o{j}", float(j * rng.randint(1, 50)), float(k - j), 0.0) for j in range(k)]}
+        budget = rng.choice([float(rng.randint(1, 60 * n)), math.inf])
+        name = rng.choice(["choose", "least_times", "suffix_times"]) if budget < math.inf else "suffix_times"
+        solve = {"choose": lambda b: choose([Layers("a", n)], fr, budget, b),
+                 "least_times": lambda b: least_times([Layers("a", n)], fr, budget, b),
+                 "suffix_times": lambda b: suffix_times([Layers("a", 1)] * n, fr, [budget] * (n + 1), b)}[name]
+        work, table = rng.randint(n * 2000 - 100, n * 4100 + 600), rng.choice([None, rng.randint(8, 3000)])
+
+        def run(bucket):
+            with work_limit(work), single_stage_memory(table or 2**31):
+                return solve(bucket)
+        try:
+            run(1.0)
+            continue
+        except ValueError as refused:
+            message = str(refused)
+        if "does not change that" in message:
+            seen["none"] += 1
+            for power in range(1, 41):
+                with pytest.raises(ValueError):
+                    run(2.0 ** power)
+        else:
+            seen["named"] += 1
+            size, unit = re.search(r"bucket of at least ([0-9.e+]+) (bytes|KiB|MiB|GiB)", message).groups()
+            run(float(size) * _UNITS[unit])  # accepted
+    assert seen["none"] and seen["named"], seen
