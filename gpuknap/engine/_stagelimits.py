@@ -167,14 +167,16 @@ def traceback_block(steps: int, width: int, n_options: int, bucket: float, weigh
         return (-(-steps // stride) + 3) * 8 + stride * cell
 
     one = max(steps, 1)
-    stride = min(range(1, min(one, 2**16) + 1), key=rate)  # best near sqrt(8 x layers), whatever the width
+    best: list[int] = []  # the block length of least bytes, best near sqrt(8 x layers), whatever the width
 
     def way(w: int) -> tuple[int, int]:  # the block length at rows of w buckets, and its table bytes
         if (steps + 1) * 8 * w <= table_limit():  # every row kept: no choices recorded
             return 0, 0
         if rate(one) * w <= table_limit():
             return one, 0
-        return stride, rate(stride) * w
+        if not best:
+            best.append(min(range(1, min(one, 2**16) + 1), key=rate))
+        return best[0], rate(best[0]) * w
 
     def need(w: int) -> tuple:  # a checkpointed traceback computes every block but the last twice
         block, nbytes = way(w)
