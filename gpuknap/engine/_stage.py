@@ -63,8 +63,8 @@ def _pass_recording(row: np.ndarray, front: Front, width: int, choice: np.ndarra
     return out
 
 
-def _choose(table: FrontTable, groups: tuple, budget: float) -> StageChoice | None:
-    """``choose`` on validated groups with a shared front table."""
+def _choose(table: FrontTable, groups: tuple, budget: float, dry: bool = False) -> StageChoice | None:
+    """``choose`` on validated groups with a shared front table (``dry``: only its refusals, no DP)."""
     problem = canonical(groups, budget)
     fronts = [table.get(g.kind, g.in_flight) for g in groups]
     how = verdict(problem, table)
@@ -77,7 +77,15 @@ def _choose(table: FrontTable, groups: tuple, budget: float) -> StageChoice | No
     width, n = capacity + 1, sum(g.count for g in groups)
     check_steps(n, table.bucket, "this stage")  # before any float is made from the count
     weight = sum(g.count * option_weight(len(f.options)) for g, f in zip(groups, fronts)) / max(n, 1)
-    stride, dtype = traceback_block(n, width, max(len(f.options) for f in fronts), table.bucket, weight)  # refuses first
+    rooms = buckets_up if table.relaxed else buckets_down  # the relaxed table rounds the budget up
+
+    def width_at(size: float) -> int:
+        return rooms(budget, size) + 1
+
+    stride, dtype = traceback_block(n, width, max(len(f.options) for f in fronts), table.bucket, weight,
+                                    width_at)  # refuses first
+    if dry:
+        return None
     steps = [(gi, f) for gi, (g, f) in enumerate(zip(groups, fronts)) for _ in range(g.count)]
     if stride == 0:
         return _choose_kept_rows(groups, fronts, steps, width, capacity)
@@ -162,7 +170,12 @@ def choose(groups: Sequence[Layers], fronts: Fronts, budget: float, bucket: floa
         raise ValueError(f"bound must be True or False, got {bound!r}")
     table = FrontTable(fronts, bucket)
     groups = check_groups(groups)
-    choice = _choose(table, groups, budget)
+    try:
+        choice = _choose(table, groups, budget)
+    except ValueError as exc:  # the bound's rows are wider: its refusal names the bucket both need
+        if bound and hasattr(exc, "bucket_needed"):
+            _choose(FrontTable(fronts, bucket, relaxed=True), groups, budget, dry=True)
+        raise
     if choice is None or not bound:
         return choice
     relaxed = _choose(FrontTable(fronts, bucket, relaxed=True), groups, budget)
@@ -194,8 +207,12 @@ def least_times(groups: Sequence[Layers], fronts: Fronts, budget: float, bucket:
         check_steps(steps, table.bucket, "this stage's times within each budget")
         rate = sum(n * option_weight(len(table.get(*key).options)) for key, n in problem.runs)
         # the row, the pass's output and its scratch row
+        def width_at(size: float) -> int:
+            top = buckets_down(fastest_bytes, size) if math.isfinite(fastest_bytes) else None
+            return buckets_down(budget, size, cap=top) + 1
+
         guard(width, lambda w: (3 * 8 * w, math.ceil(w * rate), steps), table.bucket,
-              "this stage's times within each budget")
+              "this stage's times within each budget", width_at)
         row = zeros_row(width)
         for (key, n) in problem.runs:
             f = table.get(*key)
@@ -288,13 +305,23 @@ class Planner:
         for stage in stages:  # validate every kind before solving anything
             for g in stage.groups:
                 self.table.get(g.kind, g.in_flight)
-        choices, times = [], []
+        choices, times, refused = [], [], []
         for stage in stages:
-            choice = self.stage(stage)
+            try:
+                choice = _choose(self.table, stage.groups, stage.budget, dry=True) if refused else self.stage(stage)
+            except ValueError as exc:
+                if not hasattr(exc, "bucket_needed"):  # not a matter of size
+                    raise
+                refused.append(exc)
+                continue
+            if refused:
+                continue
             if choice is None:
                 return None
             choices.append(choice)
             times.append(choice.time + stage.fixed_time)
+        if refused:  # every stage checked: the refusal whose bucket lets them all pass
+            raise max(refused, key=lambda exc: exc.bucket_needed)
         return PipelineChoice(tuple(choices), tuple(times))
 
     def stage(self, stage: Stage) -> StageChoice | None:

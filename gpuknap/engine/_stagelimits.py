@@ -72,27 +72,28 @@ def guard(width: int, need: Need, bucket: float, what: str,
     (``need``) are over :func:`table_limit` bytes, whose passes are more work than the limit, or
     whose rows are wider than :data:`._work.MAX_ROW_BUCKETS`; else count its work.  A refusal
     names the smallest bucket whose rows pass all three (found by bisection over narrower rows,
-    as ``need`` never falls as rows widen), or says that none does.  The rows' width is taken to
-    shrink with the bucket (a budget's floor division); ``width_at(bucket)``, where given, is the
-    width at another bucket, and the advice grows until its rows pass."""
+    as ``need`` never falls as rows widen), or says that none does (short of a bucket past the
+    budget, where nothing fits).  The rows' width is taken to shrink with the bucket (a budget's
+    floor division); ``width_at(bucket)``, where given, is the width at another bucket, and the
+    advice grows until its rows pass.  The refusal's ``bucket_needed`` is the bucket it names
+    (``inf`` where none helps), so that a caller refusing for several stages names the largest."""
     if width < MAX_ROW_BUCKETS:
         nbytes, cells, passes = need(width)
         if _fits(nbytes, cells, passes):
             check_work(cells, bucket, what, passes=passes, pass_cells=STEP_CELLS)  # passes, and is counted
             return
+    try:
+        _refuse(width, need, bucket, what, width_at)
+    except ValueError as exc:
+        if not hasattr(exc, "bucket_needed"):
+            exc.bucket_needed = math.inf
+        raise
+
+
+def _refuse(width: int, need: Need, bucket: float, what: str, width_at: Callable[[float], int] | None) -> None:
     nbytes, cells, passes = need(1)
     if not _fits(nbytes, cells, passes):  # rows of one bucket are over: no bucket helps
-        work = cells + passes * STEP_CELLS
-        if work > max_cells():
-            if passes * STEP_CELLS > max_cells():  # the passes alone: the usual words
-                check_work(0, bucket, what, passes=passes, pass_cells=STEP_CELLS)
-            need, most = amounts(work, max_cells())
-            raise WorkTooLarge(f"{what} needs {need} DP cells of work at any bucket, over the work limit "
-                               f"of {most}; a larger bucket does not change that: use fewer layers "
-                               "per stage, or raise the limit (--max-work, gpuknap.work_limit)", work)
-        raise ValueError(f"{what} needs {format_bytes(nbytes)} of DP tables at any bucket, over "
-                         f"{format_bytes(table_limit())}; a larger bucket does not change that: raise --max-memory "
-                         "(gpuknap.engine.single_stage_memory)")
+        _no_bucket(nbytes, cells, passes, bucket, what, "")
     low, high = 1, min(width, MAX_ROW_BUCKETS) - 1  # the widest row that passes, by bisection
     while low < high:
         mid = (low + high + 1) // 2
@@ -106,29 +107,42 @@ def guard(width: int, need: Need, bucket: float, what: str,
     if width_at is not None:  # rows that shrink slower than the bucket grows: grow the advice
         least = width_at(math.inf)  # the narrowest rows any bucket gives
         if not _fits(*need(least)):
-            nbytes, cells, passes = need(least)
-            raise ValueError(f"{what} needs rows of {least:,} buckets at any bucket (one a layer whose heaviest "
-                             f"option has memory: the budgets are infinite), {format_bytes(nbytes)} of DP tables "
-                             f"and {amounts(cells + passes * STEP_CELLS, max_cells())[0]} DP cells, over the limits; a larger bucket "
-                             "does not change that: use fewer layers, finite budgets, or raise the limits "
-                             "(--max-memory, --max-work)")
+            _no_bucket(*need(least), bucket, what, f" (rows of {least:,} buckets are the narrowest any bucket gives)")
         while True:  # ends: past any float, the size is inf and the rows are `least` wide
             narrow = width_at(_size(bucket, factor))
             if narrow < MAX_ROW_BUCKETS and _fits(*need(narrow)):
                 break
             factor *= 2
     use = f"use {_times(bucket, factor)} (--bucket)"
+    nbytes, cells, passes = need(min(width, MAX_ROW_BUCKETS - 1))
     if width >= MAX_ROW_BUCKETS:
-        raise ValueError(f"{what} needs DP rows of {format_count(width)} buckets, wider than the solvers' limit of "
+        exc = ValueError(f"{what} needs DP rows of {format_count(width)} buckets, wider than the solvers' limit of "
                          f"2**40 buckets; {use}")
-    nbytes, cells, passes = need(width)
-    if nbytes > table_limit():
-        raise ValueError(f"{what} needs {format_bytes(nbytes)} of DP tables (over {format_bytes(table_limit())}); "
+    elif nbytes > table_limit():
+        exc = ValueError(f"{what} needs {format_bytes(nbytes)} of DP tables (over {format_bytes(table_limit())}); "
                          + use + (", or raise --max-memory" if table_limit() < SINGLE_STAGE_LIMIT else ""))
+    else:
+        work = cells + passes * STEP_CELLS
+        shown, most = amounts(work, max_cells())
+        exc = WorkTooLarge(f"{what} needs {shown} DP cells, over the work limit of {most}; {use}, "
+                           "or raise the limit (--max-work, gpuknap.work_limit)", work)
+    exc.bucket_needed = _size(bucket, factor)
+    raise exc
+
+
+def _no_bucket(nbytes: int, cells: int, passes: int, bucket: float, what: str, where: str) -> None:
+    """Refuse what rows as narrow as any bucket makes them cannot do."""
     work = cells + passes * STEP_CELLS
-    need, most = amounts(work, max_cells())
-    raise WorkTooLarge(f"{what} needs {need} DP cells, over the work limit of {most}; {use}, "
-                       "or raise the limit (--max-work, gpuknap.work_limit)", work)
+    if work > max_cells():
+        if passes * STEP_CELLS > max_cells():  # the passes alone: the usual words
+            check_work(0, bucket, what, passes=passes, pass_cells=STEP_CELLS)
+        shown, most = amounts(work, max_cells())
+        raise WorkTooLarge(f"{what} needs {shown} DP cells of work at any bucket{where}, over the work limit of "
+                           f"{most}; a larger bucket does not change that: use fewer layers per stage, or raise "
+                           "the limit (--max-work, gpuknap.work_limit)", work)
+    raise ValueError(f"{what} needs {format_bytes(nbytes)} of DP tables at any bucket{where}, over "
+                     f"{format_bytes(table_limit())}; a larger bucket does not change that: raise --max-memory "
+                     "(gpuknap.engine.single_stage_memory)")
 
 
 def _fits(nbytes: int, cells: int, passes: int) -> bool:
@@ -149,7 +163,8 @@ def _times(bucket: float, factor: int) -> str:
     return f"a bucket of at least {format_bytes(size)}" if math.isfinite(size) else "a far larger bucket"
 
 
-def traceback_block(steps: int, width: int, n_options: int, bucket: float, weight: float = 1.0) -> tuple[int, Any]:
+def traceback_block(steps: int, width: int, n_options: int, bucket: float, weight: float = 1.0,
+                    width_at: Callable[[float], int] | None = None) -> tuple[int, Any]:
     """``(layers per block, choice dtype)`` for a traceback within :func:`table_limit`.
 
     Block length 0: every DP row fits, and the traceback reads them.  Otherwise
@@ -159,7 +174,7 @@ def traceback_block(steps: int, width: int, n_options: int, bucket: float, weigh
     recomputed from their checkpoint.  One block when everything fits; else the
     block length needing the least memory.  Refuses what still does not fit, or
     more passes than the work limit (``weight``: the steps' mean :func:`._work.option_weight`),
-    with the bucket at which one of the three ways fits both limits."""
+    with the bucket at which one of the three ways fits both limits (``width_at``: see :func:`guard`)."""
     dtype = np.uint8 if n_options <= 2**8 else np.uint16 if n_options <= 2**16 else np.uint32
     cell = np.dtype(dtype).itemsize
 
@@ -183,5 +198,5 @@ def traceback_block(steps: int, width: int, n_options: int, bucket: float, weigh
         twice = block not in (0, one)
         return nbytes, math.ceil((2 if twice else 1) * steps * w * weight), (2 if twice else 1) * steps
 
-    guard(width, need, bucket, "this stage")
+    guard(width, need, bucket, "this stage", width_at)
     return way(width)[0], dtype

@@ -172,7 +172,7 @@ def test_every_path_reports_within_the_budget(case):
     groups, fr, budget, bucket = case
     c = choose(groups, fr, budget, bucket)
     old = stage_mod.traceback_block
-    stage_mod.traceback_block = lambda steps, width, n_options, bucket, weight=1.0: (min(2, steps), np.uint8)
+    stage_mod.traceback_block = lambda steps, width, n_options, bucket, weight=1.0, width_at=None: (min(2, steps), np.uint8)
     try:
         assert choose(groups, fr, budget, bucket) == c
     finally:

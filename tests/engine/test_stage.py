@@ -175,7 +175,7 @@ def test_checkpointed_traceback_gives_the_same_choice(fr, gs, budget):
     want = choose(gs, fr, budget, 1)
     old = stage_mod.traceback_block
     for stride in (1, 2, 3):  # as if the table were too large: blocks of `stride` layers
-        stage_mod.traceback_block = lambda steps, width, n_options, bucket, weight=1.0: (min(stride, steps), np.uint8)  # recorded choices, blocks of stride
+        stage_mod.traceback_block = lambda steps, width, n_options, bucket, weight=1.0, width_at=None: (min(stride, steps), np.uint8)  # recorded choices, blocks of stride
         try:
             got = choose(gs, fr, budget, 1)
         finally:
