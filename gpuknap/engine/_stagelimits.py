@@ -75,7 +75,7 @@ def guard(width: int, need: Need, bucket: float, what: str,
     as ``need`` never falls as rows widen), or says that none does (short of a bucket past the
     budget, where nothing fits).  The rows' width is taken to shrink with the bucket (a budget's
     floor division); ``width_at(bucket)``, where given, is the width at another bucket, and the
-    advice grows until its rows pass.  The refusal's ``bucket_needed`` is the bucket it names
+    advice is the smallest bucket whose rows of that width pass (doubling, then bisection).  The refusal's ``bucket_needed`` is the bucket it names
     (``inf`` where none helps), so that a caller refusing for several stages names the largest."""
     if width < MAX_ROW_BUCKETS:
         nbytes, cells, passes = need(width)
@@ -108,11 +108,18 @@ def _refuse(width: int, need: Need, bucket: float, what: str, width_at: Callable
         least = width_at(math.inf)  # the narrowest rows any bucket gives
         if not _fits(*need(least)):
             _no_bucket(*need(least), bucket, what, f" (rows of {least:,} buckets are the narrowest any bucket gives)")
-        while True:  # ends: past any float, the size is inf and the rows are `least` wide
-            narrow = width_at(_size(bucket, factor))
-            if narrow < MAX_ROW_BUCKETS and _fits(*need(narrow)):
-                break
-            factor *= 2
+        def passes_at(f: int) -> bool:
+            narrow = width_at(_size(bucket, f))
+            return narrow < MAX_ROW_BUCKETS and _fits(*need(narrow))
+        low_factor = factor - 1  # the largest known to fail (the bisection's factor less one, or none)
+        while not passes_at(factor):  # ends: past any float, the size is inf and the rows are `least` wide
+            low_factor, factor = factor, factor * 2
+        while factor - low_factor > 1:  # the smallest that passes, between the last two tried
+            mid = (factor + low_factor) // 2
+            if passes_at(mid):
+                factor = mid
+            else:
+                low_factor = mid
     use = f"use {_times(bucket, factor)} (--bucket)"
     nbytes, cells, passes = need(min(width, MAX_ROW_BUCKETS - 1))
     if width >= MAX_ROW_BUCKETS:
