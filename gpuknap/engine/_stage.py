@@ -200,17 +200,15 @@ def least_times(groups: Sequence[Layers], fronts: Fronts, budget: float, bucket:
         if not math.isfinite(fastest_bytes) and math.isinf(budget):
             raise ValueError("budget is inf, and these layers' all-fastest bytes are past any float: every room "
                              "would need a DP row; give a finite budget")
-        # no row beyond the all-fastest bytes is read
-        cap = buckets_down(fastest_bytes, table.bucket) if math.isfinite(fastest_bytes) else None
-        width = buckets_down(budget, table.bucket, cap=cap) + 1
+        def width_at(size: float) -> int:  # no row beyond the all-fastest bytes is read
+            top = buckets_down(fastest_bytes, size) if math.isfinite(fastest_bytes) else None
+            return buckets_down(budget, size, cap=top) + 1
+
+        width = width_at(table.bucket)
         steps = sum(n for _, n in problem.runs)
         check_steps(steps, table.bucket, "this stage's times within each budget")
         rate = sum(n * option_weight(len(table.get(*key).options)) for key, n in problem.runs)
         # the row, the pass's output and its scratch row
-        def width_at(size: float) -> int:
-            top = buckets_down(fastest_bytes, size) if math.isfinite(fastest_bytes) else None
-            return buckets_down(budget, size, cap=top) + 1
-
         guard(width, lambda w: (3 * 8 * w, math.ceil(w * rate), steps), table.bucket,
               "this stage's times within each budget", width_at)
         row = zeros_row(width)

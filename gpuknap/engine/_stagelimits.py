@@ -22,10 +22,12 @@ from ._work import (
     STEP_CELLS,
     WorkTooLarge,
     amounts,
+    bucket_advice,
     check_work,
     format_bytes,
     format_count,
     max_cells,
+    scaled,
 )
 
 #: Largest DP table (bytes) a single-stage solve may build before it refuses.
@@ -109,7 +111,7 @@ def _refuse(width: int, need: Need, bucket: float, what: str, width_at: Callable
         if not _fits(*need(least)):
             _no_bucket(*need(least), bucket, what, f" (rows of {least:,} buckets are the narrowest any bucket gives)")
         def passes_at(f: int) -> bool:
-            narrow = width_at(_size(bucket, f))
+            narrow = width_at(scaled(bucket, f))
             return narrow < MAX_ROW_BUCKETS and _fits(*need(narrow))
         low_factor = factor - 1  # the largest known to fail (the bisection's factor less one, or none)
         while not passes_at(factor):  # ends: past any float, the size is inf and the rows are `least` wide
@@ -120,7 +122,7 @@ def _refuse(width: int, need: Need, bucket: float, what: str, width_at: Callable
                 factor = mid
             else:
                 low_factor = mid
-    use = f"use {_times(bucket, factor)} (--bucket)"
+    use = f"use {bucket_advice(scaled(bucket, factor))} (--bucket)"
     nbytes, cells, passes = need(min(width, MAX_ROW_BUCKETS - 1))
     if width >= MAX_ROW_BUCKETS:
         exc = ValueError(f"{what} needs DP rows of {format_count(width)} buckets, wider than the solvers' limit of "
@@ -133,7 +135,7 @@ def _refuse(width: int, need: Need, bucket: float, what: str, width_at: Callable
         shown, most = amounts(work, max_cells())
         exc = WorkTooLarge(f"{what} needs {shown} DP cells, over the work limit of {most}; {use}, "
                            "or raise the limit (--max-work, gpuknap.work_limit)", work)
-    exc.bucket_needed = _size(bucket, factor)
+    exc.bucket_needed = scaled(bucket, factor)
     raise exc
 
 
@@ -154,20 +156,6 @@ def _no_bucket(nbytes: int, cells: int, passes: int, bucket: float, what: str, w
 
 def _fits(nbytes: int, cells: int, passes: int) -> bool:
     return nbytes <= table_limit() and cells + passes * STEP_CELLS <= max_cells()
-
-
-def _size(bucket: float, factor: int) -> float:
-    """``bucket * factor`` (inf past any float)."""
-    try:
-        return bucket * factor
-    except OverflowError:
-        return math.inf
-
-
-def _times(bucket: float, factor: int) -> str:
-    """"a bucket of at least" ``bucket * factor``, or a plain request where no float names it."""
-    size = _size(bucket, factor)
-    return f"a bucket of at least {format_bytes(size)}" if math.isfinite(size) else "a far larger bucket"
 
 
 def traceback_block(steps: int, width: int, n_options: int, bucket: float, weight: float = 1.0,

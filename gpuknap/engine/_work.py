@@ -124,9 +124,22 @@ def coarser(bucket: float, ratio: float, width: int | None = None, at_least: int
     :func:`bucket_factor` times ``bucket``, and at least ``at_least`` times it), or, where no float
     can name that size (a stage's memory near the largest float), "a far larger bucket"."""
     try:
-        size = bucket * max(bucket_factor(ratio, width), at_least)
+        factor = max(bucket_factor(ratio, width), at_least)
     except OverflowError:
-        size = math.inf
+        return bucket_advice(math.inf)
+    return bucket_advice(scaled(bucket, factor))
+
+
+def scaled(bucket: float, factor: int) -> float:
+    """``bucket * factor`` (inf past any float)."""
+    try:
+        return bucket * factor
+    except OverflowError:
+        return math.inf
+
+
+def bucket_advice(size: float) -> str:
+    """"a bucket of at least" ``size``, or "a far larger bucket" where no float names it."""
     return f"a bucket of at least {format_bytes(size)}" if math.isfinite(size) else "a far larger bucket"
 
 
