@@ -37,9 +37,11 @@ FAMILIES = {
     "mistral": ("MistralForCausalLM", """vocab_size hidden_size intermediate_size num_hidden_layers
                 num_attention_heads num_key_value_heads head_dim sliding_window"""),
     "qwen2": ("Qwen2ForCausalLM", """vocab_size hidden_size intermediate_size num_hidden_layers num_attention_heads
-              num_key_value_heads use_sliding_window sliding_window max_window_layers layer_types use_mrope"""),
+              num_key_value_heads use_sliding_window sliding_window max_window_layers layer_types use_mrope
+              dual_chunk_attention_config"""),
     "qwen3": ("Qwen3ForCausalLM", """vocab_size hidden_size intermediate_size num_hidden_layers num_attention_heads
-              num_key_value_heads head_dim use_sliding_window sliding_window max_window_layers layer_types"""),
+              num_key_value_heads head_dim use_sliding_window sliding_window max_window_layers layer_types
+              dual_chunk_attention_config"""),
     "mixtral": ("MixtralForCausalLM", """vocab_size hidden_size intermediate_size num_hidden_layers
                 num_attention_heads num_key_value_heads head_dim sliding_window num_experts_per_tok
                 num_local_experts output_router_logits router_aux_loss_coef router_jitter_noise"""),
@@ -47,11 +49,12 @@ FAMILIES = {
                   num_attention_heads num_key_value_heads use_sliding_window sliding_window max_window_layers
                   decoder_sparse_step moe_intermediate_size shared_expert_intermediate_size num_experts_per_tok
                   num_experts norm_topk_prob output_router_logits router_aux_loss_coef mlp_only_layers qkv_bias
-                  layer_types"""),
+                  layer_types dual_chunk_attention_config"""),
     "qwen3_moe": ("Qwen3MoeForCausalLM", """vocab_size hidden_size intermediate_size num_hidden_layers
                   num_attention_heads num_key_value_heads head_dim use_sliding_window sliding_window
                   max_window_layers decoder_sparse_step moe_intermediate_size num_experts_per_tok num_experts
-                  norm_topk_prob output_router_logits router_aux_loss_coef mlp_only_layers layer_types"""),
+                  norm_topk_prob output_router_logits router_aux_loss_coef mlp_only_layers layer_types
+                  dual_chunk_attention_config"""),
     "deepseek_v2": ("DeepseekV2ForCausalLM", """vocab_size hidden_size intermediate_size moe_intermediate_size
                     num_hidden_layers num_attention_heads num_key_value_heads n_shared_experts n_routed_experts
                     routed_scaling_factor kv_lora_rank q_lora_rank qk_rope_head_dim v_head_dim qk_nope_head_dim
@@ -140,6 +143,10 @@ def check_fields(data: Mapping, where: str) -> str:
         fields = f"field {unknown[0]}" if len(unknown) == 1 else f"fields {', '.join(unknown[:8])}"
         more = f" and {len(unknown) - 8} more" if len(unknown) > 8 else ""
         raise ValueError(f"{where}: unknown {fields}{more} for model_type {kind!r}")
+    chunked = data.get("dual_chunk_attention_config")
+    if chunked is not None and not isinstance(chunked, Mapping):
+        raise ValueError(f"{where}: dual_chunk_attention_config: expected a mapping such as "
+                         f"{{'chunk_size': 262144, 'local_size': 8192}}, got {short(chunked)}")
     return kind
 
 
@@ -149,7 +156,8 @@ def _number(value: Any) -> float | None:
 
 def config_notes(data: Mapping, seq: int) -> tuple[str, ...]:
     """What a config says that the plan does not follow, for the user to read (not errors):
-    a ``seq`` past the positions its RoPE reaches, weights published quantized, attention dropout."""
+    a ``seq`` past the positions its RoPE reaches, weights published quantized, dual-chunk attention
+    (an inference engine's), attention dropout."""
     notes = []
     positions = _number(data.get("max_position_embeddings"))
     if positions:
@@ -169,6 +177,10 @@ def config_notes(data: Mapping, seq: int) -> tuple[str, ...]:
         what = f"{method}-quantized" if plain else "quantized"
         notes.append(f"quantization_config: the weights are published {what}; gpuknap plans bf16 training "
                      "(bf16 weights, fp32 gradients, master weights and Adam moments), not FP8 or 4-bit training")
+    if isinstance(data.get("dual_chunk_attention_config"), Mapping):
+        notes.append("dual_chunk_attention_config: inference engines (vLLM, SGLang) run dual-chunk attention on "
+                     "long inputs; transformers' modeling code does not read the field, so training runs the full "
+                     "causal attention planned here")
     dropout = _number(data.get("attention_dropout"))
     if dropout:
         notes.append(f"attention_dropout {dropout:g}: with flash attention (as planned) its mask is drawn again in "

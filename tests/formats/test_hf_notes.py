@@ -1,6 +1,6 @@
 """What a config says that the plan does not follow is said in a note, never silently (an HF
 red team, 2026-12-03): a sequence past the positions its RoPE reaches, weights published
-quantized, attention dropout.  Each case is checked both ways (the note appears exactly when the
+quantized, an inference engine's dual-chunk attention, attention dropout.  Each case is checked both ways (the note appears exactly when the
 field asks for it), through ``load_spec`` and as ``note:`` lines of the command line."""
 from __future__ import annotations
 
@@ -58,6 +58,28 @@ def test_attention_dropout_is_read_and_noted(tmp_path, dropout, noted):
     notes = _notes(tmp_path, {**BASE, "attention_dropout": dropout}, 4096)
     assert (len(notes) == 1 and "attention_dropout 0.1" in notes[0] and "memory is unchanged" in notes[0]) if noted \
         else notes == ()
+
+
+#: Qwen2.5-7B-Instruct-1M's dual-chunk attention (read by vLLM and SGLang, not by transformers).
+DUAL_CHUNK = {"chunk_size": 262144, "local_size": 8192, "original_max_position_embeddings": 262144}
+
+
+def test_dual_chunk_attention_is_noted_and_leaves_the_plan_as_full_attention(tmp_path):
+    qwen2 = {key: value for key, value in BASE.items() if key != "head_dim"}
+    qwen2.update(architectures=["Qwen2ForCausalLM"], model_type="qwen2")
+    assert _notes(tmp_path, qwen2, 4096) == ()
+    plain = load_spec(tmp_path / "config.json", micro_batches=4, seq=4096)
+    notes = _notes(tmp_path, {**qwen2, "dual_chunk_attention_config": DUAL_CHUNK}, 4096)
+    assert len(notes) == 1 and "dual-chunk attention" in notes[0] and "full causal attention" in notes[0], notes
+    chunked = load_spec(tmp_path / "config.json", micro_batches=4, seq=4096)
+    assert chunked.model == plain.model and (chunked.stages, chunked.in_flight) == (plain.stages, plain.in_flight)
+    for bad in ([1], "yes", 262144):
+        with pytest.raises(ValueError, match=r"dual_chunk_attention_config: expected a mapping"):
+            _notes(tmp_path, {**qwen2, "dual_chunk_attention_config": bad}, 4096)
+    with pytest.raises(ValueError, match=r"did you mean 'dual_chunk_attention_config'"):
+        _notes(tmp_path, {**qwen2, "dual_chunk_attention_confg": DUAL_CHUNK}, 4096)
+    with pytest.raises(ValueError, match=r"unknown field 'dual_chunk_attention_config' \(a field of qwen2"):
+        _notes(tmp_path, {**BASE, "dual_chunk_attention_config": DUAL_CHUNK}, 4096)  # Llama has none
 
 
 def test_the_notes_reach_the_command_line_and_the_sweep(tmp_path, capsys):
