@@ -167,6 +167,11 @@ for label, grid, word in (("a dict as a value", {"stages": {2: 1, 4: 1}}, "stage
     api(f"sweep grid: {label}", lambda g=grid: sweep(LLAMA, g, gpus=8, global_batch=8), word)
 api("sweep: micro-batches over the schedule limit",
     lambda: sweep(LLAMA, {"stages": [8]}, gpus=8, global_batch=400_000), "schedule operations")
+api("sweep: an unknown dispatcher",
+    lambda: sweep(LLAMA, {"stages": [8]}, gpus=8, global_batch=8, dispatcher="deepep"), "dispatcher", "flex")
+api("load_spec: an unknown dispatcher",
+    lambda: load_spec(os.path.join(EXAMPLES, "mixtral_8x7b_config.json"), micro_batches=4, seq=4096,
+                      dispatcher="all2all"), "dispatcher (--dispatcher)", "alltoall, flex")
 api("sweep: nothing listens at the scheduler",
     lambda: sweep(LLAMA, {"stages": [8]}, gpus=8, global_batch=8, scheduler="tcp://127.0.0.1:1"), "scheduler")
 # exclusive option pairs

@@ -53,11 +53,15 @@ def _spec(args: argparse.Namespace, path: str | None, note_dp: bool = True, **ex
                      stages=getattr(args, "stages", None), bucket=args.bucket, reserved=args.reserved, seq=args.seq,
                      micro_batch=args.micro_batch_size, tensor_parallel=args.tp, expert_parallel=args.ep,
                      expert_tensor_parallel=args.etp, context_parallel=args.cp, data_parallel=args.dp,
-                     recompute=args.recompute, **{"tp_comm_overlap": args.tp_comm_overlap, **extra},
+                     recompute=args.recompute,
+                     **{"tp_comm_overlap": args.tp_comm_overlap, "dispatcher": args.dispatcher, **extra},
                      **device_keywords(args))
     args.bucket_field = spec.bucket_field  # named by refusals that suggest a bucket
     for text in spec.notes:
         note(text)
+    costs = spec.model.costs
+    if extra.get("dispatcher", args.dispatcher) == "flex" and costs is not None and not costs.moe:
+        note("flex dispatcher: the model has no MoE layers, so no tokens are dispatched and it changes nothing")
     if note_dp and spec.kind == "config" and args.dp is None and "data_parallel" not in extra:
         note("--dp not given: data-parallel size 1, so the optimizer state is not sharded and no gradients are "
              "reduced; give --dp for the run you plan")

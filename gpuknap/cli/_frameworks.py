@@ -16,6 +16,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .. import formats
+from ..costs import DISPATCHERS
 from ..formats import framework
 from ..schedule import simulated_plans
 from ..search import best_splits, constrained_splits, with_grouped
@@ -141,6 +142,11 @@ def _merge(args: argparse.Namespace, settings: Any, source: str) -> dict:
                 raise _bad("--tp-comm-overlap given, but the settings run without it; drop the flag or fix the file",
                            source)
             extra[key] = value
+        elif key == "moe_dispatcher" and value in DISPATCHERS:  # the dispatcher the settings run, costed so
+            if args.dispatcher is not None and args.dispatcher != value:
+                raise _bad(f"the settings run --moe-token-dispatcher-type {value}, but --dispatcher {args.dispatcher}; "
+                           "drop the flag or fix the file", source)
+            extra["dispatcher"] = value
         elif key == "window" and formats.is_config(args.spec):  # the attention the settings run
             extra["window"] = value
         elif key == "window" and value:
@@ -292,10 +298,6 @@ def rank_settings(args: argparse.Namespace, make_spec: Callable[..., Any], emit:
     if isinstance(settings, formats.megatron.Settings):
         cp = spec.model.costs.training.cp if spec.model.costs is not None else 1
         notes += _window_notes(formats.window_tokens(args.spec), run.get("window"), cp)
-    if run.get("moe_dispatcher") == "flex" and tr is not None and spec.model.costs.moe and tr.ep * tr.etp > 1:
-        notes.append("--moe-token-dispatcher-type flex: costed as the alltoall dispatcher, every routed copy of a "
-                     "token sent to its expert's rank; DeepEP and HybridEP send a token once per node, so across "
-                     "nodes the EP time is overstated")
     if costed and not read:
         notes.append(f"the config's {costed} MTP layer(s) are costed on the last stage; these settings run none")
     payload = {**header(spec), "from": source, "feasible": not over, "over_budget_stages": over, "best": record,

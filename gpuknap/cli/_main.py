@@ -13,7 +13,7 @@ from contextlib import ExitStack
 from typing import Sequence
 
 from .. import formats
-from ..costs import DEFAULT_DEVICE, DEFAULT_EFFICIENCY, DEVICES, LEAST_EFFICIENCY
+from ..costs import DEFAULT_DEVICE, DEFAULT_EFFICIENCY, DEVICES, DISPATCHERS, LEAST_EFFICIENCY
 from ..formats._fields import RECOMPUTE
 from .._version import __version__
 from ..engine import BACKENDS, MAX_TOP, reporting, single_stage_memory, work_limit
@@ -74,6 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--tp-comm-overlap", action="store_true", default=None,
                         help="overlap TP communication with the GEMMs, as Megatron's --tp-comm-overlap (needs "
                              "sequence parallelism)")
+    common.add_argument("--dispatcher", choices=DISPATCHERS,
+                        help="how MoE layers send tokens to their experts: alltoall (default; Megatron's "
+                             "--moe-token-dispatcher-type alltoall) or flex (DeepEP, HybridEP: once per node across "
+                             "nodes; needs --etp 1)")
     common.add_argument("--recompute", choices=RECOMPUTE,
                         help="run every decoder layer with this option (predict a run as it was run); moe_act "
                              "and selective+moe_act are Megatron's --recompute-modules moe_act (and core_attn): "

@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from .._version import __version__
+from ..costs import DISPATCHERS
 from ..engine import MAX_TOP
 from ..formats import hf, read_document
 from ..sweep import DEFAULT_MAX_SECONDS, GRID_KEYS, MAX_TOP_ROWS, SCORES, sweep
@@ -60,6 +61,9 @@ def add_sweep(sub: Any, base: Any) -> None:
     w.add_argument("--seq", type=integer("--seq", 1, 10**7), metavar="N", help="sequence length, for a config.json")
     w.add_argument("--tp-comm-overlap", action="store_true",
                    help="overlap TP communication with the GEMMs, as Megatron's --tp-comm-overlap")
+    w.add_argument("--dispatcher", choices=DISPATCHERS, default="alltoall",
+                   help="how MoE layers send tokens to their experts: alltoall (default) or flex (DeepEP, HybridEP: "
+                        "once per node across nodes; configurations with ETP > 1 are refused)")
     w.add_argument("--max-time", type=number(1, "a number of seconds"), default=DEFAULT_MAX_SECONDS,
                    metavar="SECONDS", help="with --all, refuse a sweep estimated (on a pilot of 48 configurations "
                                            "drawn from groups of like ones) to take longer "
@@ -123,6 +127,8 @@ def best_command(args: argparse.Namespace, config: dict) -> list[str]:
         out += ["--device-field", f"{key}={_bytes(value) if key == 'memory' else repr(value)}"]
     if args.tp_comm_overlap:
         out.append("--tp-comm-overlap")
+    if args.dispatcher != "alltoall":
+        out += ["--dispatcher", args.dispatcher]
     return out + ["--score", args.score]
 
 
@@ -190,7 +196,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     result = sweep(args.spec, grid, gpus=args.gpus, global_batch=args.global_batch, score=args.score, top=top,
                    top_splits=args.top_splits, backend=args.backend, scheduler=args.scheduler,
                    capacity=args.capacity, reserved=args.reserved, seq=args.seq, bucket=args.bucket,
-                   max_bytes=args.max_memory, tp_comm_overlap=args.tp_comm_overlap,
+                   max_bytes=args.max_memory, tp_comm_overlap=args.tp_comm_overlap, dispatcher=args.dispatcher,
                    max_seconds=args.max_time, **device)
     if args.seq is not None:  # a config (the sweep refuses --seq for others): what the plans do not follow
         for text in hf.config_notes(read_document(args.spec), args.seq):

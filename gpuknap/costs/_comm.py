@@ -22,6 +22,8 @@ from ._devices import Device
 
 #: Most ranks in one parallel dimension.
 MAX_PARALLEL = 1 << 20
+#: MoE token dispatchers costed (Megatron's ``--moe-token-dispatcher-type``; ``allgather`` is not).
+DISPATCHERS = ("alltoall", "flex")
 
 
 @dataclass(frozen=True)
@@ -30,7 +32,11 @@ class Training:
     Megatron's default: the TP size.  ``param_bytes``: weights plus gradients per parameter
     (bf16 weights, fp32 main gradients: 6); ``optimizer_bytes``: fp32 master weights and two
     Adam moments (12), divided over the data-parallel ranks with the distributed optimizer;
-    ``tp_comm_overlap``: TP collectives overlapped with the GEMMs (Megatron's ``--tp-comm-overlap``)."""
+    ``tp_comm_overlap``: TP collectives overlapped with the GEMMs (Megatron's ``--tp-comm-overlap``);
+    ``dispatcher``: how MoE layers send tokens to their experts, Megatron's ``alltoall`` (every routed
+    copy of a token to its expert's rank) or ``flex`` (DeepEP, HybridEP: a token crosses the network
+    once per node that holds one of its experts, then NVLink; MoE layers need expert-tensor
+    parallelism 1 with it)."""
 
     seq: int
     micro_batch: int = 1
@@ -45,11 +51,15 @@ class Training:
     param_bytes: float = 6.0
     optimizer_bytes: float = 12.0
     tp_comm_overlap: bool = False
+    dispatcher: str = "alltoall"
 
     def __post_init__(self):
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name in ("sequence_parallel", "distributed_optimizer", "tp_comm_overlap"):
+            if f.name == "dispatcher":
+                if value not in DISPATCHERS:
+                    raise ValueError(f"training.dispatcher must be one of {', '.join(DISPATCHERS)}, got {value!r}")
+            elif f.name in ("sequence_parallel", "distributed_optimizer", "tp_comm_overlap"):
                 if not isinstance(value, bool):
                     raise ValueError(f"training.{f.name} must be true or false, got {value!r}")
             elif f.name.endswith("_bytes"):
@@ -212,6 +222,44 @@ def all_to_all_across(nbytes: float, device: Device, training: Training, group: 
     eff = device.link_efficiency
     near = (local - 1) / n * nbytes / (device.intra_bandwidth * eff) + (local - 1) * device.intra_latency
     far = (n - local) / n * nbytes / (device.inter_bandwidth * eff) + (n - local) * device.inter_latency
+    return max(near, far)
+
+
+def nodes_reached(experts: int, top_k: int, ranks: int, local: int) -> float:
+    """Expected number of the other nodes of an EP group of ``ranks`` ranks, ``local`` on each node
+    (the last node the rest), that hold at least one of a token's ``top_k`` experts: the
+    ``experts`` spread evenly over the ranks and chosen uniformly without repetition (the even
+    routing the cost model assumes), seen from a rank on the first node."""
+    sizes = [min(local, ranks - start) for start in range(local, ranks, local)]  # the other nodes' ranks
+    total = 0.0
+    for size in sizes:
+        held = experts * size // ranks
+        missed = 1.0  # C(experts - held, top_k) / C(experts, top_k): the node holds none of them
+        for i in range(min(top_k, experts)):
+            missed *= max(experts - held - i, 0) / (experts - i)
+        total += 1.0 - missed
+    return total
+
+
+def flex_dispatch(token_bytes: float, top_k: int, experts: int, device: Device, training: Training) -> float:
+    """Seconds for one dispatch (or combine) of the flex dispatcher (DeepEP, HybridEP) in which a
+    rank holds tokens of ``token_bytes`` in all, each routed to ``top_k`` of ``experts``: within one
+    node the all-to-all of every routed copy; spanning nodes, each token crosses the rank's port
+    once per other node holding one of its experts (:func:`nodes_reached`), and the copies for
+    other GPUs of a node go over NVLink (the sender's own node's, and on arrival the rest), both at
+    once (the longer one counts)."""
+    stride, n = training.stride("ep")
+    copies = token_bytes * top_k  # every routed copy, as the alltoall dispatcher sends them
+    if n <= 1:
+        return 0.0
+    if not training.spans_nodes("ep", device.gpus_per_node):
+        return all_to_all(copies, n, links(device, training, "ep"))
+    local = max(1, min(n, device.gpus_per_node // stride))
+    eff = device.link_efficiency
+    reached = nodes_reached(experts, top_k, n, local)
+    forwarded = copies * ((local - 1) / n + (n - local) / n * (local - 1) / local)
+    near = forwarded / (device.intra_bandwidth * eff) + (local - 1) * device.intra_latency
+    far = token_bytes * reached / (device.inter_bandwidth * eff) + (-(-n // local) - 1) * device.inter_latency
     return max(near, far)
 
 

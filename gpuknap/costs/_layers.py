@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ._arch import Architecture
-from ._comm import Training, all_gather, all_reduce, all_to_all_across, links
+from ._comm import Training, all_gather, all_reduce, all_to_all_across, flex_dispatch, links
 from ._devices import Device
 
 #: Bytes of a 16-bit activation value; of an fp32 one.
@@ -182,7 +182,13 @@ def moe_mlp(arch: Architecture, tr: Training, device: Device) -> dict:
     out["act_stream"] = ACT * routed * 3 * e.ffn
     out["stream"] += out["act_stream"] + ACT * routed * u * h * 4  # permute and unpermute tokens
     a2a = ACT * routed * h  # what a rank sends to the other EP ranks (dispatch; combine the same)
-    fwd = 2 * all_to_all_across(a2a, device, tr, "ep")
+    if tr.dispatcher == "flex":  # each token once per node holding one of its experts (ETP 1)
+        if u > 1:
+            raise ValueError(f"training.dispatcher: gpuknap costs the flex dispatcher (DeepEP, HybridEP) at "
+                             f"expert-tensor-parallel size 1, not {u}; set expert_tensor_parallel to 1")
+        fwd = 2 * flex_dispatch(a2a / e.top_k, e.top_k, e.experts, device, tr)
+    else:
+        fwd = 2 * all_to_all_across(a2a, device, tr, "ep")
     if u > 1:  # tokens gathered within the expert-tensor group, results reduce-scattered
         fwd += 2 * all_gather(a2a * u, u, links(device, tr, "etp"))
     out["ep"] = (fwd, fwd)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from ..costs import DISPATCHERS
 from ..costs import device as costs_device
 from ..engine import MAX_BYTES, MAX_TIME, short
 from ..search import MAX_IN_FLIGHT, MAX_LAYERS, PipelineModel
@@ -143,8 +144,11 @@ def _training(training: dict, arg: Fields) -> dict:
         elif name == "recompute":
             if value not in RECOMPUTE:
                 raise ValueError(f"recompute (--recompute): expected one of {', '.join(RECOMPUTE)}, got {value!r}")
+        elif name == "dispatcher":
+            if value not in DISPATCHERS:
+                raise ValueError(f"dispatcher (--dispatcher): expected one of {', '.join(DISPATCHERS)}, got {value!r}")
         else:
-            known = sorted(TRAINING) + sorted(DEVICE) + ["recompute", "window", *BOOLEANS]
+            known = sorted(TRAINING) + sorted(DEVICE) + ["dispatcher", "recompute", "window", *BOOLEANS]
             raise ValueError(f"unknown keyword {name!r}; known: {', '.join(known)}")
         out[name] = value
     return out

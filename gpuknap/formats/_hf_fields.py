@@ -68,6 +68,12 @@ FAMILIES = {
                     moe_layer_freq num_nextn_predict_layers scoring_func seq_aux topk_method aux_loss_alpha
                     ep_size head_dim qk_head_dim output_router_logits"""),
 }
+#: Per MoE family: the config's fields of the expert count, the expert width and the shared width.
+EXPERT_FIELDS = {"mixtral": ("num_local_experts", "intermediate_size", ""),
+                 "qwen2_moe": ("num_experts", "moe_intermediate_size", "shared_expert_intermediate_size"),
+                 "qwen3_moe": ("num_experts", "moe_intermediate_size", ""),
+                 "deepseek_v2": ("n_routed_experts", "moe_intermediate_size", "n_shared_experts"),
+                 "deepseek_v3": ("n_routed_experts", "moe_intermediate_size", "n_shared_experts")}
 #: Per family, ``num_key_value_heads`` when the field is absent: transformers' default in
 #: ``configuration_<family>.py`` (None: the attention heads).
 KV_HEADS = {"llama": None, "mistral": 8, "mixtral": 8, "qwen2": 32, "qwen3": 32, "qwen2_moe": 16, "qwen3_moe": 4}

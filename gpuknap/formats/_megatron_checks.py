@@ -308,7 +308,9 @@ def run_flags(run: Any) -> list[str]:
     out.append(f"--context-parallel-size {run.cp}")
     if run.moe:  # grouped GEMM: the experts' matrices as the cost model runs them; moe_act needs it
         out += [f"--expert-model-parallel-size {run.ep}", f"--expert-tensor-parallel-size {run.etp}",
-                "--moe-grouped-gemm", "--moe-token-dispatcher-type alltoall"]  # the dispatcher the costs run
+                "--moe-grouped-gemm", f"--moe-token-dispatcher-type {run.dispatcher}"]  # the dispatcher costed
+        if run.dispatcher == "flex":  # DeepEP, Megatron's default flex backend (HybridEP costs the same)
+            out.append("--moe-flex-dispatcher-backend deepep")
     out += [f"--micro-batch-size {run.micro_batch}", f"--global-batch-size {run.global_batch}",
             f"--seq-length {run.seq}"]
     if run.distributed_optimizer:

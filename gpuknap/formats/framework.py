@@ -30,8 +30,9 @@ class Run:
     told): tensor, context, expert and expert-tensor parallel sizes, data-parallel replicas,
     pipeline stages, sequence length, samples per micro-batch, micro-batches per iteration,
     sequence parallelism, the distributed optimizer, whether the model has MoE layers, and the
-    sliding window its attention was costed with (keys a query attends to; None: all), and whether
-    TP communication was costed overlapped with the GEMMs (Megatron's ``--tp-comm-overlap``)."""
+    sliding window its attention was costed with (keys a query attends to; None: all), whether
+    TP communication was costed overlapped with the GEMMs (Megatron's ``--tp-comm-overlap``), and
+    the MoE token dispatcher costed (``alltoall`` or ``flex``)."""
 
     tp: int
     cp: int
@@ -47,6 +48,7 @@ class Run:
     moe: bool
     window: int | None = None
     tp_comm_overlap: bool = False
+    dispatcher: str = "alltoall"
 
     @property
     def global_batch(self) -> int:
@@ -72,7 +74,7 @@ def run_of(model: Any, stages: int) -> Run | None:
     moe = costs.moe  # from the expert parameters: a fixed recompute (--recompute full) leaves no MOEACT option
     return Run(tr.tp, tr.cp, tr.ep, tr.etp, tr.dp, stages, tr.seq, tr.micro_batch, model.micro_batches,
                bool(tr.sequence_parallel), bool(tr.distributed_optimizer), moe, getattr(costs, "window", None),
-               bool(tr.tp_comm_overlap))
+               bool(tr.tp_comm_overlap), tr.dispatcher)
 
 
 def roles(model: Any) -> list[str]:

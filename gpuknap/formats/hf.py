@@ -27,7 +27,7 @@ from ..engine import MEGABYTE, short
 from ..search import PipelineModel
 from ._documents import read_document
 from ._fields import DEVICE, TRAINING, Spec, check_arguments, default_reserved, device_of
-from ._hf_fields import HEAD_DIM, KV_HEADS, MLA_TYPES, MOE_TYPES, NULL_KV_IS_HEADS, OPTIONAL, check_fields, config_notes
+from ._hf_fields import EXPERT_FIELDS, HEAD_DIM, KV_HEADS, MLA_TYPES, MOE_TYPES, NULL_KV_IS_HEADS, OPTIONAL, check_fields, config_notes
 
 #: Fields every dense config must give.
 REQUIRED = ("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers", "vocab_size")
@@ -283,14 +283,6 @@ def sliding_window(data: Mapping, kind: str, layers: int, where: str) -> tuple[i
     return (None, window) if any(sliding) else (None, None)
 
 
-#: Per MoE family: the config's fields of the expert count, the expert width and the shared width.
-EXPERT_FIELDS = {"mixtral": ("num_local_experts", "intermediate_size", ""),
-                 "qwen2_moe": ("num_experts", "moe_intermediate_size", "shared_expert_intermediate_size"),
-                 "qwen3_moe": ("num_experts", "moe_intermediate_size", ""),
-                 "deepseek_v2": ("n_routed_experts", "moe_intermediate_size", "n_shared_experts"),
-                 "deepseek_v3": ("n_routed_experts", "moe_intermediate_size", "n_shared_experts")}
-
-
 def check_parallel(arch: Architecture, tr: Training, where: str, family: str = "") -> None:
     """The divisibility rules Megatron applies, the same for every family (ValueError naming the
     config's field and the flag)."""
@@ -309,6 +301,10 @@ def check_parallel(arch: Architecture, tr: Training, where: str, family: str = "
     else:
         _divides(tr.ep, "expert-parallel (--ep)", arch.experts.experts, names[0], where)
         _divides(tr.etp, "expert-tensor-parallel (--etp)", arch.experts.ffn, names[1], where)
+        if tr.dispatcher == "flex" and tr.etp > 1:
+            default = " (the TP size)" if tr.expert_tensor_parallel is None else ""
+            raise ValueError(f"{where}: the flex dispatcher (--dispatcher flex: DeepEP, HybridEP) is costed at "
+                             f"expert-tensor-parallel size 1, and it is {tr.etp}{default}; give --etp 1")
         if arch.experts.shared_ffn:
             _divides(t, "tensor-parallel (--tp)", arch.experts.shared_ffn, names[2], where)
         if tr.stage_ranks % (tr.ep * tr.etp):

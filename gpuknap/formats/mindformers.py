@@ -95,6 +95,9 @@ def dump(plan: FrameworkPlan) -> str:
         raise ValueError(f"expert_tensor_parallel: MindFormers splits the experts over model_parallel ({run.tp}) or "
                          f"not at all (moe_config.expert_model_parallel: 1; llama_layer.py refuses other values); the "
                          f"plan assumed {run.etp}: plan with --etp 1 or --etp equal to --tp")
+    if run is not None and run.moe and run.dispatcher == "flex" and run.ep > 1:
+        raise ValueError("dispatcher: the plan sends each token once per node as Megatron's flex dispatcher (DeepEP, "
+                         "HybridEP) does, which MindFormers' settings do not state; plan with --dispatcher alltoall")
     if run is not None and run.tp_comm_overlap and run.tp > 1:
         raise ValueError("tp_comm_overlap: the plan hides TP communication behind the GEMMs as Megatron's "
                          "--tp-comm-overlap does, which MindFormers' settings cannot state; plan without it")

@@ -18,6 +18,7 @@ import math
 import socket
 from typing import Any, Mapping
 
+from ..costs import DISPATCHERS
 from ..engine import MAX_TOP, MEGABYTE, check_int, check_max_bytes, get_backend
 from ..search import PipelineModel
 from ._cluster import Cluster, _distributed
@@ -117,7 +118,7 @@ def sweep(source: Any, grid: Mapping, *, gpus: int, global_batch: int, score: st
           max_bytes: int | None = None, time_unit: float = 1e-3, shards: int | None = None, device: Any = None,
           gpus_per_node: int | None = None, efficiency: float | None = None, device_fields: Mapping | None = None,
           expert_parallel: int | None = None, expert_tensor_parallel: int | None = None,
-          context_parallel: int | None = None, tp_comm_overlap: bool = False,
+          context_parallel: int | None = None, tp_comm_overlap: bool = False, dispatcher: str = "alltoall",
           max_seconds: float | None = DEFAULT_MAX_SECONDS) -> Sweep:
     """Score the configurations of ``grid`` on ``gpus`` GPUs at ``global_batch`` samples a step.
 
@@ -136,7 +137,9 @@ def sweep(source: Any, grid: Mapping, *, gpus: int, global_batch: int, score: st
     device where the grid has no ``device`` list; ``expert_parallel``, ``expert_tensor_parallel``
     and ``context_parallel`` are one-value grid lists.  ``tp_comm_overlap``: every configuration
     overlaps TP communication with its GEMMs (Megatron's ``--tp-comm-overlap``; a spec's
-    transformer section may say so itself).  ``max_seconds``: a sweep of every row whose time,
+    transformer section may say so itself).  ``dispatcher``: how every configuration's MoE
+    layers send tokens to their experts (``alltoall`` or ``flex``, see :class:`gpuknap.costs.Training`).
+    ``max_seconds``: a sweep of every row whose time,
     estimated on a pilot of its configurations before the rest run (:mod:`._pace`), is over
     this is refused (None: no limit and no pilot).
     """
@@ -155,6 +158,8 @@ def sweep(source: Any, grid: Mapping, *, gpus: int, global_batch: int, score: st
     max_seconds = check_max_seconds(max_seconds)
     if not isinstance(tp_comm_overlap, bool):
         raise ValueError(f"tp_comm_overlap must be true or false, got {tp_comm_overlap!r}")
+    if dispatcher not in DISPATCHERS:
+        raise ValueError(f"dispatcher must be one of {', '.join(DISPATCHERS)}, got {dispatcher!r}")
     if max_bytes is not None:
         check_max_bytes(max_bytes)
     if not (isinstance(time_unit, (int, float)) and not isinstance(time_unit, bool) and 0 < time_unit < math.inf):
@@ -163,8 +168,9 @@ def sweep(source: Any, grid: Mapping, *, gpus: int, global_batch: int, score: st
                              "context_parallel": context_parallel})
     keywords = {"device": device, "gpus_per_node": gpus_per_node, "efficiency": efficiency,
                 "device_fields": device_fields}
-    builder, _, bucket, tokens = _source(source, capacity, reserved, seq, bucket, keywords,
-                                         {"tp_comm_overlap": True} if tp_comm_overlap else {})
+    said = {**({"tp_comm_overlap": True} if tp_comm_overlap else {}),
+            **({"dispatcher": dispatcher} if dispatcher != "alltoall" else {})}
+    builder, _, bucket, tokens = _source(source, capacity, reserved, seq, bucket, keywords, said)
     configs, skipped = expand(grid, gpus, global_batch, getattr(builder, "layers", None),
                               MAX_CONFIGS if top is None else MAX_CONFIGS_TOP)
     if not configs:

@@ -337,8 +337,10 @@ def test_the_token_dispatcher_is_the_one_gpuknap_costs_or_is_named(capsys, tmp_p
     """transformer_config.py: Megatron's default token dispatcher is allgather (every token gathered
     over the EP x ETP ranks), and gpuknap costs the alltoall dispatcher: a whole MoE launch with EP x
     ETP > 1 that leaves the flag out, or gives allgather, is refused naming the flag; alltoall is read;
-    flex (DeepEP, HybridEP) is costed as alltoall with a note; a value Megatron's parser refuses is
-    refused; with EP x ETP = 1 no dispatcher communicates, and none is refused."""
+    flex (DeepEP, HybridEP) is read and costed as ``--dispatcher flex`` (within one node the same as
+    alltoall; across nodes cheaper), and a ``--dispatcher`` that says otherwise is refused; a value
+    Megatron's parser refuses is refused; with EP x ETP = 1 no dispatcher communicates, and none is
+    refused."""
     moe = BASE.replace("--use-distributed-optimizer", "--use-distributed-optimizer --moe-grouped-gemm "
                                                       "--expert-model-parallel-size 2 --expert-tensor-parallel-size 1"
                        ) + "\n"
@@ -358,14 +360,24 @@ def test_the_token_dispatcher_is_the_one_gpuknap_costs_or_is_named(capsys, tmp_p
             "full", spec=MIXTRAL)
     alltoall, _ = scored(capsys, tmp_path, using("alltoall"), *run, spec=MIXTRAL)
     flex, _ = scored(capsys, tmp_path, using("flex"), *run, spec=MIXTRAL)
-    notes = flex.pop("notes")
-    assert any("flex: costed as the alltoall dispatcher" in n for n in notes), notes
-    assert [n for n in notes if "flex" not in n] == alltoall.pop("notes") and flex == alltoall
+    assert flex == alltoall  # EP 2 on one node: every routed copy over NVLink either way
+    refused(capsys, tmp_path, using("flex"), ["run --moe-token-dispatcher-type flex, but --dispatcher alltoall"],
+            *run, "--dispatcher", "alltoall", spec=MIXTRAL)
+    # EP 8 over two nodes of 4: the flex dispatcher sends a token once per node, costed as --dispatcher flex
+    wide = [*run[:3], "4", "--gpus-per-node", "4", "--quiet"]
+    spread = lambda value: using(value).replace("--expert-model-parallel-size 2", "--expert-model-parallel-size 8")
+    across = {value: scored(capsys, tmp_path, spread(value), *wide, spec=MIXTRAL)[0] for value in ("alltoall", "flex")}
+    flagged, _ = scored(capsys, tmp_path, spread("flex"), *wide, "--dispatcher", "flex", spec=MIXTRAL)
+    assert flagged == across["flex"]
+    run_time = {value: got["best"]["iteration_time_s"] for value, got in across.items()}
+    assert run_time["flex"] < run_time["alltoall"], run_time
     one = moe.replace("--expert-model-parallel-size 2", "--expert-model-parallel-size 1")
     scored(capsys, tmp_path, one, *run, spec=MIXTRAL)
-    # the note is about sending tokens to experts: a dense model, or one expert rank, sends none
+    # one expert rank, or a dense model, sends no tokens: flex reads as alltoall, with no note
     for launch, spec in ((one.replace("--moe-grouped-gemm", "--moe-grouped-gemm --moe-token-dispatcher-type flex"),
                           MIXTRAL), (BASE.replace("--use-distributed-optimizer", "--use-distributed-optimizer "
                                                   "--moe-token-dispatcher-type flex") + "\n", None)):
         got, _ = scored(capsys, tmp_path, launch, *run, **({"spec": spec} if spec else {}))
-        assert not any("flex" in n for n in got["notes"]), got["notes"]
+        plain, _ = scored(capsys, tmp_path, launch.replace("type flex", "type alltoall"), *run,
+                          **({"spec": spec} if spec else {}))
+        assert not any("flex" in n for n in got["notes"]) and got == plain, got["notes"]
