@@ -18,7 +18,7 @@ from ..engine import (WorkTooLarge, available_host_bytes, counting, format_bytes
 from ..formats import Spec, load_spec, pipeline_shape
 from ..formats.splitfiles import distinct_rows, rank_bytes, read_splits, write_scores
 from ..search import one_body_kind
-from ..search import best_splits, coverage, even_candidate
+from ..search import best_splits, coverage, even_candidate, even_is_faster
 from ._flags import EXIT_OK, plural
 from ._frameworks import best_emit, rank_settings, settings_of_best
 from ._gantt import communication_shares
@@ -219,7 +219,8 @@ def _even_split(spec: Spec, stages: int, chunks: int, in_flight: Any, found: Any
              for c, ch in ((counts, choice), (list(first_counts), first_choice))]
     (simulated,) = schedule.simulated_plans(model, plans[:1], chunks)
     runs = run_times(model, plans, chunks)
-    if simulated is None or not (runs[0] < runs[1] if runs else simulated < first["iteration_time_simulated"]):
+    if simulated is None or not (even_is_faster(runs[0], runs[1]) if runs
+                                 else even_is_faster(simulated, first["iteration_time_simulated"])):
         return None  # as a sweep decides: by the run's time (sends and tails) where there is a run
     return {"counts": counts, "iteration_time_simulated": simulated, "iteration_time_s": runs and runs[0]}
 

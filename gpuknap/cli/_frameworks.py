@@ -181,7 +181,7 @@ def _even_plan(model: Any, name: str, stages: int, chunks: int, in_flight: Any, 
     fits and runs faster than the plan ``counts``/``names`` (by the run's time where there is one,
     as a sweep decides, else the simulated schedule's): ``(counts, names, score, that plan's
     simulated time, the even one's, its choice, both run times or None)``."""
-    from ..search import best_on_split, even_candidate, interleaved_score  # noqa: PLC0415
+    from ..search import best_on_split, even_candidate, even_is_faster, interleaved_score  # noqa: PLC0415
 
     even = even_candidate(model, stages, chunks, [counts])
     if even is None:
@@ -193,7 +193,7 @@ def _even_plan(model: Any, name: str, stages: int, chunks: int, in_flight: Any, 
     plans = [(list(counts), names), (even, even_names)]
     best_time, even_time = simulated_plans(gm, plans, chunks)
     runs = run_times(gm, plans, chunks)
-    if not (runs[1] < runs[0] if runs else even_time < best_time):
+    if not (even_is_faster(runs[1], runs[0]) if runs else even_is_faster(even_time, best_time)):
         return None  # as a sweep decides: by the run's time (sends and tails) where there is a run
     ev = framework.evaluate(gm, even, even_names, in_flight, chunks)
     value = float(interleaved_score(np.array([ev.times], dtype=np.float64), score, model.micro_batches, chunks)[0])

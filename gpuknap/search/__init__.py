@@ -20,7 +20,8 @@ from ._constrained_rows import best_on_split
 from ._patterns import (FRAMEWORKS, GROUPED, Pattern, Rule, apply, decoder_kinds, framework_rule, run_names,
                         with_grouped)
 from ._classify import KindIndex, classify, kind_counts, kind_index
-from ._interleaved import TupleSource, counts_of, even_candidate, even_counts, interleaved_score, one_body_kind
+from ._interleaved import (EVEN_MARGIN, TupleSource, counts_of, even_candidate, even_counts, even_is_faster, interleaved_score,
+                           one_body_kind)
 from ._model import MAX_IN_FLIGHT, MAX_LAYERS, PipelineModel
 from ._plain import SegmentSource, front_table, plain_search, variants
 from ._rounds import Found, Score, Solver, certified_rounds, first_limit, run_rounds
@@ -37,7 +38,7 @@ from ._slowest import exact_score, score_of
 
 __all__ = [
     "SCORES", "best_interleaved", "best_splits", "interleaved_counts", "interleaved_rounds",
-    "KindIndex", "classify", "kind_counts", "kind_index", "TupleSource", "counts_of", "even_candidate", "even_counts", "interleaved_score",
+    "KindIndex", "classify", "kind_counts", "kind_index", "TupleSource", "counts_of", "EVEN_MARGIN", "even_candidate", "even_counts", "even_is_faster", "interleaved_score",
     "one_body_kind",
     "MAX_IN_FLIGHT", "MAX_LAYERS", "PipelineModel", "SegmentSource", "front_table", "plain_search", "variants",
     "Found", "Score", "Solver", "certified_rounds", "first_limit", "run_rounds",

@@ -215,6 +215,16 @@ def even_candidate(model: Any, stages: int, chunks: int, found: Any = ()) -> lis
     return None if any(list(c) == counts for c in found) else counts
 
 
+#: How much faster (relative) the even split must run to replace a search's best: runs equal but
+#: for rounding (sums of the same times in another order) are a tie, which the search's split keeps.
+EVEN_MARGIN = 1e-9
+
+
+def even_is_faster(even: float, best: float) -> bool:
+    """Whether the even split's time ``even`` beats the search's ``best`` by more than rounding."""
+    return even < best - EVEN_MARGIN * abs(best)
+
+
 def interleaved_score(times: np.ndarray, score: str, micro_batches: int, chunks: int) -> np.ndarray:
     """Scores of rows of stage times ``[B, P]`` (``inf`` rows stay ``inf``)."""
     slowest = times.max(axis=1)

@@ -30,6 +30,7 @@ from ..search import (
     best_interleaved,
     coverage,
     even_candidate,
+    even_is_faster,
     fastest_prefix,
     front_table,
     interleaved_counts,
@@ -176,7 +177,8 @@ def _with_even(rows: list, even: list, top: int) -> list:
     """Each configuration's rows, its even split first where that simulates faster than the
     closed form's best split (the others a rank lower, ``top`` rows kept)."""
     first = {id(x["config"]): x for x in rows if x["rank"] == 1}
-    faster = {id(r["config"]): r for r in even if r["iteration_time"] < first[id(r["config"])]["iteration_time"]}
+    faster = {id(r["config"]): r for r in even
+              if even_is_faster(r["iteration_time"], first[id(r["config"])]["iteration_time"])}
     if not faster:
         return rows
     out = []

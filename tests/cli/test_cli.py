@@ -351,6 +351,32 @@ def test_best_and_the_sweep_agree_on_the_even_split(capsys, v):
     assert first == pytest.approx(rows[0]["iteration_time_s"], rel=1e-12)
 
 
+def test_an_even_split_that_ties_but_for_rounding_does_not_replace_the_search(capsys):
+    """A red team's case (2026-12-03): Megatron's even split of this configuration runs in the
+    same time as the search's best but for the last bit (sums of the same times in another order),
+    and simulates slower; neither ``best`` nor the sweep may put it first (EVEN_MARGIN), while
+    their comparison of the two times, read from their own output, agrees to 1e-15."""
+    from gpuknap import sweep
+    from gpuknap.cli import main
+    from gpuknap.search import EVEN_MARGIN, even_is_faster
+
+    assert even_is_faster(1.0 - 2 * EVEN_MARGIN, 1.0) and not even_is_faster(1.0 - EVEN_MARGIN / 2, 1.0)
+    config = os.path.join(EXAMPLES, "mixtral_small_config.json")
+    common = ["--seq", "4096", "--stages", "2", "--interleave", "2", "--tp", "2", "--ep", "2", "--etp", "1",
+              "--capacity", "24GiB"]
+    assert main(["best", config, *common, "--micro-batches", "8", "--dp", "4", "--score", "1f1b", "--top", "3",
+                 "--quiet", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert "even_split" not in out
+    even = [r for r in out["results"] if r["counts"] == [5, 4, 4, 5]]
+    if even:  # found by the search itself: its time is the best's but for rounding
+        assert even[0]["iteration_time_s"] == pytest.approx(out["results"][0]["iteration_time_s"], rel=1e-15)
+    rows = sweep(config, {"stages": [2], "tensor_parallel": [2], "expert_parallel": [2], "expert_tensor_parallel": [1],
+                          "interleave": [2]}, gpus=16, global_batch=32, seq=4096, capacity="24GiB", top_splits=2).rows
+    assert not any(r.get("even_split") for r in rows) and all(r["exact"] for r in rows)
+    assert [r["counts"] for r in rows if r["rank"] == 1] == [out["results"][0]["counts"]]
+
+
 def test_rank_scores_each_distinct_split_once_with_the_same_answers(tmp_path, monkeypatch, capsys):
     """Repeated splits over several blocks: the scores and the best row (the first of the least
     score) are those of one batch of every row (a red-team round found a file repeating one split
