@@ -19,6 +19,7 @@ from ..formats import Spec, load_spec, pipeline_shape
 from ..formats.splitfiles import distinct_rows, rank_bytes, read_splits, write_scores
 from ..search import one_body_kind
 from ..search import best_splits, coverage, even_candidate, even_is_faster
+from ..sweep import infeasible_reason
 from ._flags import EXIT_OK, plural
 from ._frameworks import best_emit, rank_settings, settings_of_best
 from ._gantt import communication_shares
@@ -154,9 +155,10 @@ def cmd_best(args: argparse.Namespace) -> int:
         payload["optimum_lower_bound"] = found.lower_bound
     shape = plural(stages, "stage") + (f" x {plural(chunks, 'chunk')}" if chunks > 1 else "")
     if not found:
-        held = coverage(spec.model, stages, spec.bucket, spec.in_flight) if chunks == 1 else spec.model.layers
-        payload["coverable_layers"] = held
-        why = ("" if held >= spec.model.layers else
+        held = coverage(spec.model, stages, spec.bucket, spec.in_flight) if chunks == 1 else None
+        payload["coverable_layers"] = held  # interleaved: no such bound (null, as in a sweep's row)
+        why = (f": {infeasible_reason(spec.model, stages, chunks, None)}" if held is None else
+               "" if held >= spec.model.layers else
                ": not even its first layer fits on a device" if held == 0 else
                f": even with their lightest options the {plural(stages, 'stage')} hold at most {held:,} of its "
                f"{spec.model.layers:,} layers")

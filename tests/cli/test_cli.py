@@ -377,6 +377,27 @@ def test_an_even_split_that_ties_but_for_rounding_does_not_replace_the_search(ca
     assert [r["counts"] for r in rows if r["rank"] == 1] == [out["results"][0]["counts"]]
 
 
+def test_an_infeasible_interleaved_best_says_why_as_the_sweep_does(capsys):
+    """``coverable_layers`` is a bound only without interleaving: an infeasible interleaved ``best``
+    writes null (it wrote every layer, which claims they fit) and the even split's stage furthest
+    over, as the sweep's row for the same configuration does (a red team, 2026-12-03)."""
+    from gpuknap import sweep
+    from gpuknap.cli import main
+
+    spec = os.path.join(EXAMPLES, "llama2_70b.json")
+    assert main(["best", spec, "--stages", "2", "--tp", "4", "--micro-batch-size", "4", "--micro-batches", "16",
+                 "--dp", "4", "--interleave", "2", "--capacity", "40GiB", "--json", "--quiet"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["results"] == [] and out["coverable_layers"] is None
+    (row,) = sweep(spec, {"stages": [2], "tensor_parallel": [4], "micro_batch_size": [4], "interleave": [2]},
+                   gpus=32, global_batch=256, capacity="40GiB").rows
+    assert row["coverable_layers"] is None and not row["feasible"]
+    assert main(["best", spec, "--stages", "2", "--tp", "4", "--micro-batch-size", "4", "--micro-batches", "16",
+                 "--dp", "4", "--interleave", "2", "--capacity", "40GiB", "--quiet"]) == 1
+    text = capsys.readouterr().out.strip()
+    assert text.endswith(row["reason"]), (text, row["reason"])
+
+
 def test_rank_scores_each_distinct_split_once_with_the_same_answers(tmp_path, monkeypatch, capsys):
     """Repeated splits over several blocks: the scores and the best row (the first of the least
     score) are those of one batch of every row (a red-team round found a file repeating one split
