@@ -210,7 +210,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.json:
         payload = {"gpuknap_json": JSON_VERSION, "version": __version__, "command": "sweep", "source": args.spec,
                    "gpus": args.gpus, "global_batch": args.global_batch, "score": args.score, "top": top,
-                   "top_splits": args.top_splits, "grid": grid, "searched": result.searched,
+                   "top_splits": args.top_splits, "grid": grid, "device": device["device"],
+                   "dispatcher": args.dispatcher, "searched": result.searched,
                    "pruned": result.pruned, "unfit": result.unfit, "best": result.best, "rows": result.rows, "skipped": result.skipped}
         json.dump(payload, sys.stdout, indent=2, allow_nan=False)
         sys.stdout.write("\n")

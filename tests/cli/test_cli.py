@@ -398,6 +398,27 @@ def test_an_infeasible_interleaved_best_says_why_as_the_sweep_does(capsys):
     assert text.endswith(row["reason"]), (text, row["reason"])
 
 
+def test_a_sweeps_json_says_the_one_device_it_ran_on(capsys):
+    """``sweep --device b200`` (one name: the source's device) records it at the top of the JSON, and
+    its rows are those of a grid listing that device (a red team found only the rows' commands
+    saying b200, 2026-12-03)."""
+    from gpuknap import sweep
+    from gpuknap.cli import main
+
+    spec = os.path.join(EXAMPLES, "llama2_70b.json")
+    assert main(["sweep", spec, "--gpus", "64", "--global-batch", "256", "--stages", "2,4", "--tp", "4,8", "--device",
+                 "b200", "--all", "--json", "--quiet"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["device"] == "b200" and out["dispatcher"] == "alltoall" and "device" not in out["grid"]
+    listed = sweep(spec, {"stages": [2, 4], "tensor_parallel": [4, 8], "device": ["b200"]}, gpus=64,
+                   global_batch=256).rows
+    assert [r["iteration_time_s"] for r in out["rows"]] == [r["iteration_time_s"] for r in listed]
+    assert main(["sweep", spec, "--gpus", "64", "--global-batch", "256", "--stages", "2,4", "--tp", "4,8", "--device",
+                 "h100,b200", "--top", "2", "--json", "--quiet"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["device"] is None and out["grid"]["device"] == ["h100", "b200"]
+
+
 def test_rank_scores_each_distinct_split_once_with_the_same_answers(tmp_path, monkeypatch, capsys):
     """Repeated splits over several blocks: the scores and the best row (the first of the least
     score) are those of one batch of every row (a red-team round found a file repeating one split
