@@ -37,7 +37,7 @@ class Sweep:
     infeasible), ``score``, ``iteration_time`` (Megatron's schedule simulated for
     the split's plan, in the profile's time unit), ``throughput``
     (``samples_per_second`` and ``tokens_per_second`` for the whole cluster),
-    ``peak_memory_bytes`` per stage (static plus activations), ``feasible`` and,
+    ``peak_memory_bytes`` per stage (static plus activations and logits), ``feasible`` and,
     for interleaved local searches, ``exact``.  ``skipped``: the invalid
     configurations, each ``{"config", "reason"}`` (with ``top``, only those found invalid
     before pruning or while searching).  ``top``: the rows asked for (None: every row);
