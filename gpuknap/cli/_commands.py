@@ -25,7 +25,7 @@ from ._frameworks import best_emit, rank_settings, settings_of_best
 from ._gantt import communication_shares
 from ._progress import note
 from ._plots import plot_best, plot_scores
-from ._report import JSON_VERSION, format_split, run_times, split_record
+from ._report import JSON_VERSION, format_split, run_times, split_record, whole_bytes
 
 EXIT_INFEASIBLE = 1  # nothing feasible (said in words); the other codes are in flags
 #: Rows of a splits file scored per block (bounds memory; one progress step each).
@@ -88,6 +88,7 @@ def json_text(payload: dict) -> str:
     """The JSON document, indented, except a timeline's operations: one compact line each (the
     indenting encoder is pure Python, about 20 times slower than the compact one, and a timeline
     may hold hundreds of thousands of operations)."""
+    payload = whole_bytes(payload)
     timeline = payload.get("timeline")
     ops = timeline.get("ops") if isinstance(timeline, dict) else None
     if not ops:

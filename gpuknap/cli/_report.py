@@ -19,6 +19,30 @@ from ..search import PipelineModel, score_of
 JSON_VERSION = 1
 
 
+def whole_bytes(payload: Any) -> Any:
+    """``payload`` with every ``*_bytes`` value (or list of values) that is a whole number written as
+    an integer, however it was computed (a size read as ``1MiB`` is a float, the default an int):
+    drivers see one type for one field.  A timeline's ``ops`` are left as they are (none are bytes)."""
+    if isinstance(payload, list):
+        return [whole_bytes(v) for v in payload]
+    if not isinstance(payload, dict):
+        return payload
+    out = {}
+    for key, value in payload.items():
+        if isinstance(key, str) and key.endswith("_bytes"):
+            value = [_whole(v) for v in value] if isinstance(value, list) else _whole(value)
+        elif key != "ops" and isinstance(value, (dict, list)):
+            value = whole_bytes(value)
+        out[key] = value
+    return out
+
+
+def _whole(value: Any) -> Any:
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**63:
+        return int(value)
+    return value
+
+
 def _finite(x: float) -> float | None:
     return None if x is None or not math.isfinite(x) else float(x)
 

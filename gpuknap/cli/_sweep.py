@@ -16,7 +16,7 @@ from ..sweep import DEFAULT_MAX_SECONDS, GRID_KEYS, MAX_TOP_ROWS, SCORES, sweep
 from ._flags import EXIT_OK, integer, number, plural
 from ._plots import plot_sweep
 from ._progress import note
-from ._report import JSON_VERSION
+from ._report import JSON_VERSION, whole_bytes
 
 EXIT_INFEASIBLE = 1
 GIB = 2**30
@@ -213,7 +213,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                    "top_splits": args.top_splits, "grid": grid, "device": device["device"],
                    "dispatcher": args.dispatcher, "searched": result.searched,
                    "pruned": result.pruned, "unfit": result.unfit, "best": result.best, "rows": result.rows, "skipped": result.skipped}
-        json.dump(payload, sys.stdout, indent=2, allow_nan=False)
+        json.dump(whole_bytes(payload), sys.stdout, indent=2, allow_nan=False)
         sys.stdout.write("\n")
     else:
         print(table(result))

@@ -419,6 +419,43 @@ def test_a_sweeps_json_says_the_one_device_it_ran_on(capsys):
     assert out["device"] is None and out["grid"]["device"] == ["h100", "b200"]
 
 
+def test_byte_fields_are_written_the_same_however_the_size_was_given(capsys):
+    """A bucket read as ``1MiB`` (a float) and the default (an int), a capacity from the spec and
+    from ``--device h100``: the same JSON text, every whole ``*_bytes`` value an integer (a red
+    team found ``1048576`` and ``1048576.0`` for the same question, 2026-12-03)."""
+    from gpuknap.cli import main
+
+    def text(*argv):
+        assert main([*argv, "--json", "--quiet"]) in (0, 1)
+        return capsys.readouterr().out
+
+    config = os.path.join(EXAMPLES, "llama2_7b_config.json")
+    plan = ["best", config, "--capacity", "80GiB", "--stages", "2", "--micro-batches", "8", "--seq", "4096", "--tp", "8",
+            "--dp", "1"]
+    assert text(*plan) == text(*plan, "--bucket", "1MiB") == text(*plan, "--bucket", "1048576")
+    spec = os.path.join(EXAMPLES, "llama2_70b.json")
+    assert text("best", spec) == text("best", spec, "--device", "h100")
+    sweep = ["sweep", spec, "--gpus", "64", "--global-batch", "256", "--stages", "4", "--tp", "8", "--all"]
+    plain, given = (json.loads(text(*sweep, *extra)) for extra in ((), ("--bucket", "1MiB")))
+    for out in (plain, given):
+        for row in [*out["rows"], out["best"]]:
+            row.pop("command")  # which says --bucket when given
+    assert plain == given and json.dumps(plain) == json.dumps(given)
+
+    def fields(value, key=""):
+        if isinstance(value, dict):
+            for k, v in value.items():
+                yield from fields(v, k)
+        elif isinstance(value, list):
+            for v in value:
+                yield from fields(v, key)
+        elif key.endswith("_bytes") and isinstance(value, float):
+            yield key, value
+
+    for out in (text(*plan), text(*sweep), text("timeline", spec)):
+        assert not [f for f in fields(json.loads(out)) if f[1].is_integer()]
+
+
 def test_rank_scores_each_distinct_split_once_with_the_same_answers(tmp_path, monkeypatch, capsys):
     """Repeated splits over several blocks: the scores and the best row (the first of the least
     score) are those of one batch of every row (a red-team round found a file repeating one split
