@@ -12,7 +12,7 @@ from .._version import __version__
 from ..costs import DISPATCHERS
 from ..engine import MAX_TOP
 from ..formats import hf, read_document
-from ..sweep import DEFAULT_MAX_SECONDS, GRID_KEYS, MAX_TOP_ROWS, SCORES, sweep
+from ..sweep import DEFAULT_MAX_SECONDS, FRAMEWORKS, GRID_KEYS, MAX_TOP_ROWS, SCORES, sweep
 from ._flags import EXIT_OK, integer, number, plural
 from ._plots import plot_sweep
 from ._progress import note
@@ -61,6 +61,10 @@ def add_sweep(sub: Any, base: Any) -> None:
     w.add_argument("--seq", type=integer("--seq", 1, 10**7), metavar="N", help="sequence length, for a config.json")
     w.add_argument("--tp-comm-overlap", action="store_true",
                    help="overlap TP communication with the GEMMs, as Megatron's --tp-comm-overlap")
+    w.add_argument("--framework", choices=FRAMEWORKS,
+                   help="rank the plans this framework states (Megatron: one recompute setting for every layer; "
+                        "MindFormers: one per stage), as their emitted settings run; each row's command then ends "
+                        "with --emit (default: every layer on its own option)")
     w.add_argument("--dispatcher", choices=DISPATCHERS, default="alltoall",
                    help="how MoE layers send tokens to their experts: alltoall (default) or flex (DeepEP, HybridEP: "
                         "once per node across nodes; configurations with ETP > 1 are refused)")
@@ -129,7 +133,8 @@ def best_command(args: argparse.Namespace, config: dict) -> list[str]:
         out.append("--tp-comm-overlap")
     if args.dispatcher != "alltoall":
         out += ["--dispatcher", args.dispatcher]
-    return out + ["--score", args.score]
+    out += ["--score", args.score]
+    return out + (["--emit", args.framework] if args.framework else [])
 
 
 def table(result: Any, limit: int = 30) -> str:
@@ -197,6 +202,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                    top_splits=args.top_splits, backend=args.backend, scheduler=args.scheduler,
                    capacity=args.capacity, reserved=args.reserved, seq=args.seq, bucket=args.bucket,
                    max_bytes=args.max_memory, tp_comm_overlap=args.tp_comm_overlap, dispatcher=args.dispatcher,
+                   framework=args.framework,
                    max_seconds=args.max_time, **device)
     if args.seq is not None:  # a config (the sweep refuses --seq for others): what the plans do not follow
         for text in hf.config_notes(read_document(args.spec), args.seq):
@@ -211,7 +217,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         payload = {"gpuknap_json": JSON_VERSION, "version": __version__, "command": "sweep", "source": args.spec,
                    "gpus": args.gpus, "global_batch": args.global_batch, "score": args.score, "top": top,
                    "top_splits": args.top_splits, "grid": grid, "device": device["device"],
-                   "dispatcher": args.dispatcher, "searched": result.searched,
+                   "dispatcher": args.dispatcher, "framework": args.framework, "searched": result.searched,
                    "pruned": result.pruned, "unfit": result.unfit, "best": result.best, "rows": result.rows, "skipped": result.skipped}
         json.dump(whole_bytes(payload), sys.stdout, indent=2, allow_nan=False)
         sys.stdout.write("\n")
@@ -219,8 +225,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(table(result))
         if feasible:
             even = " (Megatron's even split, in its note)" if result.rows[0].get("even_split") else ""
-            print(f"row 1's plan{even}, and with --emit megatron or --emit mindformers its settings: "
-                  + " ".join(shlex.quote(w) for w in result.rows[0]["command"]))
+            what = (f"row 1's {args.framework} settings{even}: " if args.framework else
+                    f"row 1's plan{even}, and with --emit megatron or --emit mindformers its settings: ")
+            print(what + " ".join(shlex.quote(w) for w in result.rows[0]["command"]))
     if not result.rows:  # every configuration of the grid was refused: bad input, not an infeasible model
         reasons = "; ".join(sorted({s["reason"] for s in result.skipped}))
         raise ValueError(f"no configuration of the grid is valid: {reasons}"[:600])

@@ -10,6 +10,7 @@ order, and sharding over a Dask cluster.  It builds on the search, the costs
 and the formats; only the command line sits above it.
 """
 from ._explain import infeasible_reason, order_rows
+from ._framework import FRAMEWORKS, check_framework
 from ._grid import CONFIG_KEYS, GRID_KEYS, MAX_CONFIGS, MAX_CONFIGS_TOP, Sweep, expand
 from ._pace import DEFAULT_MAX_SECONDS, PILOT, pilot_plan
 from ._prune import lower_bounds, span_bound
@@ -17,6 +18,6 @@ from ._run import SCORES, run_configs
 from ._sources import HuggingFaceBuilder, TransformerBuilder, builder_of
 from ._sweep import MAX_TOP_ROWS, sweep
 
-__all__ = ["infeasible_reason", "order_rows", "CONFIG_KEYS", "GRID_KEYS", "MAX_CONFIGS", "MAX_CONFIGS_TOP", "Sweep", "expand",
+__all__ = ["infeasible_reason", "order_rows", "FRAMEWORKS", "check_framework", "CONFIG_KEYS", "GRID_KEYS", "MAX_CONFIGS", "MAX_CONFIGS_TOP", "Sweep", "expand",
            "lower_bounds", "span_bound", "SCORES", "run_configs", "HuggingFaceBuilder", "TransformerBuilder",
            "builder_of", "MAX_TOP_ROWS", "sweep", "DEFAULT_MAX_SECONDS", "PILOT", "pilot_plan"]

@@ -40,6 +40,7 @@ from ..search import (
     one_body_kind,
 )
 from ._explain import headroom, idle_share, infeasible_reason
+from ._framework import framework_rows
 
 #: The progress phase of a batch's searches: configurations whose search is done, of the batch's.
 SEARCHES = "searches"
@@ -111,9 +112,11 @@ def _joint(jobs: list, backend: Any, max_bytes: int | None) -> None:
 
 @paused_collection()
 def run_configs(configs: list, builder: Callable, *, global_batch: int, score: str, top: int, bucket: float,
-                backend: Any, max_bytes: int | None, time_unit: float, tokens: Any) -> tuple[list, list]:
+                backend: Any, max_bytes: int | None, time_unit: float, tokens: Any,
+                framework: str | None = None) -> tuple[list, list]:
     """Rows of ``configs`` in process (what each Dask worker runs on its shard):
-    ``(rows, skipped)``, skipped holding configurations whose model cannot be built."""
+    ``(rows, skipped)``, skipped holding configurations whose model cannot be built.
+    ``framework``: rows as that framework runs them (:mod:`._framework`)."""
     jobs, alone, skipped, models, cache = [], [], [], {}, {}
     for config in configs:
         try:
@@ -139,16 +142,20 @@ def run_configs(configs: list, builder: Callable, *, global_batch: int, score: s
     _joint(jobs, backend, max_bytes)
     rows, even = [], []
     planners: dict[int, Planner] = {}  # one per front table: equal stages of several configurations solved once
-    for job in jobs:
-        plan = planners.setdefault(id(job.fronts), Planner(job.model.fronts, bucket, table=job.fronts))
-        rows += _rows(job.config, job.found, job.model, plan, job.v, True, bucket)
-        even += _even_row(job.config, job.found, job.model, plan, score, bucket)
+    searched = [(job.config, job.found, job.model, True, job.fronts) for job in jobs]
     for config in alone:  # interleaved, not one kind between the first and last layer: local search
         model = models[id(config)]
-        found = best_interleaved(model, config["stages"], config["interleave"], top, score, bucket, backend,
-                                 None, max_bytes)
-        plan = Planner(model.fronts, bucket)
-        rows += _rows(config, found, model, plan, config["interleave"], False, bucket)
+        searched.append((config, best_interleaved(model, config["stages"], config["interleave"], top, score, bucket,
+                                                  backend, None, max_bytes), model, False, None))
+    for config, found, model, exact, fronts in searched:
+        if framework is not None and found:
+            named, best_even = framework_rows(config, found, model, framework, score, top, bucket, backend, max_bytes)
+            rows += named or _unstated(config, model, framework, exact)
+            even += best_even
+            continue
+        plan = (planners.setdefault(id(fronts), Planner(model.fronts, bucket, table=fronts)) if fronts is not None
+                else Planner(model.fronts, bucket))
+        rows += _rows(config, found, model, plan, config["interleave"], exact, bucket)
         even += _even_row(config, found, model, plan, score, bucket)
     _simulate_rows(rows + even, global_batch, time_unit, tokens)
     return _with_even(rows, even, top), skipped
@@ -197,6 +204,16 @@ def _with_even(rows: list, even: list, top: int) -> list:
 #: row has the same keys.
 _RUN_FIELDS = ("headroom_bytes", "idle_share", "iteration_time_s", "mfu", "tflops_per_gpu", "breakdown",
                "stage_breakdown")
+
+
+def _unstated(config: dict, model: Any, framework: str, exact: bool) -> list:
+    """The one row of a configuration ``framework`` cannot run within memory, though a plan with
+    every layer on its own option fits."""
+    return [{"config": config, "rank": 1, "counts": None, "score": None, "iteration_time": None,
+             "throughput": None, "peak_memory_bytes": None, "feasible": False, "exact": exact,
+             **dict.fromkeys(_RUN_FIELDS), "coverable_layers": None, "layers": model.layers,
+             "reason": f"no split fits the device memory with settings {framework} runs as written (a plan with "
+                       "every layer on its own recompute option fits)"}]
 
 
 def _rows(config: dict, found: list, model: Any, plan: Planner, v: int, exact: bool, bucket: float) -> list:

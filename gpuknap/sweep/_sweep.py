@@ -23,6 +23,7 @@ from ..engine import MAX_TOP, MEGABYTE, check_int, check_max_bytes, get_backend
 from ..search import PipelineModel
 from ._cluster import Cluster, _distributed
 from ._explain import order_rows
+from ._framework import check_framework
 from ._grid import MAX_CONFIGS, MAX_CONFIGS_TOP, Sweep, expand
 from ._prune import best_rows
 from ._pace import DEFAULT_MAX_SECONDS, check_max_seconds, in_batches, paced
@@ -119,7 +120,7 @@ def sweep(source: Any, grid: Mapping, *, gpus: int, global_batch: int, score: st
           gpus_per_node: int | None = None, efficiency: float | None = None, device_fields: Mapping | None = None,
           expert_parallel: int | None = None, expert_tensor_parallel: int | None = None,
           context_parallel: int | None = None, tp_comm_overlap: bool = False, dispatcher: str = "alltoall",
-          max_seconds: float | None = DEFAULT_MAX_SECONDS) -> Sweep:
+          framework: str | None = None, max_seconds: float | None = DEFAULT_MAX_SECONDS) -> Sweep:
     """Score the configurations of ``grid`` on ``gpus`` GPUs at ``global_batch`` samples a step.
 
     ``source``: a spec with a ``transformer`` section, a Hugging Face ``config.json``
@@ -139,7 +140,8 @@ def sweep(source: Any, grid: Mapping, *, gpus: int, global_batch: int, score: st
     overlaps TP communication with its GEMMs (Megatron's ``--tp-comm-overlap``; a spec's
     transformer section may say so itself).  ``dispatcher``: how every configuration's MoE
     layers send tokens to their experts (``alltoall`` or ``flex``, see :class:`gpuknap.costs.Training`).
-    ``max_seconds``: a sweep of every row whose time,
+    ``framework`` (``megatron``, ``mindformers``): every row is a plan that framework states, ranked by
+    its time (:mod:`._framework`); None: each layer on its own option.  ``max_seconds``: a sweep of every row whose time,
     estimated on a pilot of its configurations before the rest run (:mod:`._pace`), is over
     this is refused (None: no limit and no pilot).
     """
@@ -158,6 +160,7 @@ def sweep(source: Any, grid: Mapping, *, gpus: int, global_batch: int, score: st
     max_seconds = check_max_seconds(max_seconds)
     if not isinstance(tp_comm_overlap, bool):
         raise ValueError(f"tp_comm_overlap must be true or false, got {tp_comm_overlap!r}")
+    framework = check_framework(framework)
     if dispatcher not in DISPATCHERS:
         raise ValueError(f"dispatcher must be one of {', '.join(DISPATCHERS)}, got {dispatcher!r}")
     if max_bytes is not None:
@@ -177,7 +180,7 @@ def sweep(source: Any, grid: Mapping, *, gpus: int, global_batch: int, score: st
         raise ValueError("no valid configuration in the grid: "
                          + "; ".join(sorted({s["reason"] for s in skipped}))[:400])
     kwargs = dict(global_batch=int(global_batch), score=score, top=top_splits, bucket=bucket, backend=backend,
-                  max_bytes=max_bytes, time_unit=float(time_unit), tokens=tokens)
+                  max_bytes=max_bytes, time_unit=float(time_unit), tokens=tokens, framework=framework)
     if scheduler is not None:
         _distributed()  # says how to install it, before any connection is tried
         reachable(scheduler)
