@@ -16,7 +16,7 @@ from .. import formats
 from ..costs import DEFAULT_DEVICE, DEFAULT_EFFICIENCY, DEVICES, DISPATCHERS, LEAST_EFFICIENCY
 from ..formats._fields import RECOMPUTE
 from .._version import __version__
-from ..engine import BACKENDS, MAX_TOP, reporting, single_stage_memory, work_limit
+from ..engine import BACKENDS, MAX_TOP, command_budget, reporting, single_stage_memory, work_limit
 from ..formats.splitfiles import PLOT_SUFFIXES, check_output
 from ..search import MAX_IN_FLIGHT, MAX_LAYERS, SCORES
 from ._commands import MAX_POINTS, cmd_best, cmd_rank
@@ -53,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="working memory the DP may use, e.g. '8 GiB' (default: a quarter of free RAM, "
                            "at most 2 GiB; half the free GPU memory)")
     base.add_argument("--max-work", type=cells, metavar="CELLS",
-                      help="refuse jobs estimated above this many DP cells (default 1e10, about a minute of NumPy)")
+                      help="refuse DP work estimated above this many cells, each call and a command's calls "
+                           "together (default 1e10, about a minute of NumPy)")
     base.add_argument("--json", action="store_true", help="print the stable JSON (docs/json.md) instead of tables")
     base.add_argument("--plot", metavar="FILE", help="save a plot (.png, .pdf or .svg; needs matplotlib)")
     base.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -146,6 +147,9 @@ def _run(args: argparse.Namespace) -> int:
         stack.enter_context(reporting(bar))
         if args.max_work is not None:
             stack.enter_context(work_limit(args.max_work))
+        # one limit for the command's DP calls together (a sweep has --max-time; rank --splits its own total)
+        if args.command != "sweep" and not (args.command == "rank" and getattr(args, "splits", None)):
+            stack.enter_context(command_budget())
         if getattr(args, "max_memory", None) is not None:  # single-stage solves too (curve, timeline, plans)
             stack.enter_context(single_stage_memory(int(args.max_memory)))
         try:

@@ -201,7 +201,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     result = sweep(args.spec, grid, gpus=args.gpus, global_batch=args.global_batch, score=args.score, top=top,
                    top_splits=args.top_splits, backend=args.backend, scheduler=args.scheduler,
                    capacity=args.capacity, reserved=args.reserved, seq=args.seq, bucket=args.bucket,
-                   max_bytes=args.max_memory, tp_comm_overlap=args.tp_comm_overlap, dispatcher=args.dispatcher,
+                   max_bytes=None if args.max_memory is None else int(args.max_memory),
+                   tp_comm_overlap=args.tp_comm_overlap, dispatcher=args.dispatcher,
                    framework=args.framework,
                    max_seconds=args.max_time, **device)
     if args.seq is not None:  # a config (the sweep refuses --seq for others): what the plans do not follow

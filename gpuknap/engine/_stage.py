@@ -26,7 +26,7 @@ from ._problem import (
 )
 from ._results import Assignment, PipelineChoice, Stage, StageChoice
 from ._stagelimits import check_steps, guard, traceback_block
-from ._work import option_weight
+from ._work import check_budget, in_budget, option_weight, sizing
 
 Fronts = Mapping[Hashable, Sequence[Any]]
 
@@ -303,6 +303,8 @@ class Planner:
         for stage in stages:  # validate every kind before solving anything
             for g in stage.groups:
                 self.table.get(g.kind, g.in_flight)
+        if in_budget():  # the stages' DP sized together before any runs: over the command's limit, refused now
+            self._presize(stages)
         choices, times, refused = [], [], []
         for stage in stages:
             try:
@@ -321,6 +323,16 @@ class Planner:
         if refused:  # every stage checked: the refusal whose bucket lets them all pass
             raise max(refused, key=lambda exc: exc.bucket_needed)
         return PipelineChoice(tuple(choices), tuple(times))
+
+    def _presize(self, stages: Sequence[Stage]) -> None:
+        try:
+            todo = {(st.groups, st.budget): st for st in stages if (st.groups, st.budget) not in self._cache}
+            with sizing() as cells:
+                for st in todo.values():
+                    _choose(self.table, st.groups, st.budget, dry=True)
+        except (TypeError, ValueError):  # unhashable, or a stage refused alone: the solve says so
+            return
+        check_budget(sum(cells), self.table.bucket, f"planning {len(todo)} stage{'' if len(todo) == 1 else 's'}")
 
     def stage(self, stage: Stage) -> StageChoice | None:
         """The choice of one (validated) stage, solved once per distinct groups and budget."""

@@ -59,6 +59,8 @@ MAX_ROW_BUCKETS = 2**40
 MAX_STEPS = 2**62
 _max_cells: ContextVar[int] = ContextVar("gpuknap_max_cells", default=DEFAULT_MAX_CELLS)
 _spent: ContextVar[list | None] = ContextVar("gpuknap_spent_cells", default=None)
+_budget: ContextVar[list | None] = ContextVar("gpuknap_command_cells", default=None)
+_sizing: ContextVar[list | None] = ContextVar("gpuknap_sizing_cells", default=None)
 
 
 class WorkTooLarge(ValueError):
@@ -85,6 +87,21 @@ def work_limit(cells: int) -> Iterator[None]:
         yield
     finally:
         _max_cells.reset(token)
+
+
+@contextmanager
+def command_budget(cells: int | None = None) -> Iterator[list]:
+    """Count every DP call inside the ``with`` block against one limit (default: the work limit in
+    force): each call is still refused alone over the per-call limit, and besides, a call that
+    would take the calls' total over this one is refused (a command that plans each of many stages,
+    or searches in many rounds, stays within the limit its user gave).  Yields ``[cells used]``."""
+    limit = max_cells() if cells is None else int(cells)
+    used = [0, limit]
+    token = _budget.set(used)
+    try:
+        yield used
+    finally:
+        _budget.reset(token)
 
 
 @contextmanager
@@ -168,6 +185,14 @@ def check_work(cells: int, bucket: float, what: str = "this batch", factor: int 
     limit = max_cells()
     fixed = passes * pass_cells
     if cells + fixed <= limit:
+        sizing = _sizing.get()
+        if sizing is not None:  # a dry pass: recorded, not counted
+            sizing.append(cells + fixed)
+            return
+        check_budget(cells + fixed, bucket, what)
+        budget = _budget.get()
+        if budget is not None:
+            budget[0] += cells + fixed
         spent = _spent.get()
         if spent is not None:
             spent[0] += cells + fixed
@@ -186,6 +211,38 @@ def check_work(cells: int, bucket: float, what: str = "this batch", factor: int 
     raise WorkTooLarge(
         f"{what} needs {need} DP cells, over the work limit of {most}; use {coarser(bucket, ratio, at_least=factor)} "
         "(--bucket), or raise the limit (--max-work, gpuknap.work_limit)", cells + fixed)
+
+
+def check_budget(cells: int, bucket: float, what: str) -> None:
+    """Refuse ``cells`` more DP cells when they take the command's calls over its limit
+    (:func:`command_budget`), naming a bucket at which all of them would fit."""
+    budget = _budget.get()
+    if budget is None or budget[0] + cells <= budget[1]:
+        return
+    total = budget[0] + cells
+    need, most = amounts(total, budget[1])
+    said = (f"{format_count(cells, '.3g')} DP cells, and the command's earlier DP calls used "
+            f"{format_count(budget[0], '.3g')}: {need} in all" if budget[0] else f"{need} DP cells")
+    raise WorkTooLarge(
+        f"{what} needs {said}, over the work limit of {most} (a command's calls count together); use "
+        f"{coarser(bucket, total / budget[1])} (--bucket), or raise the limit (--max-work)", total)
+
+
+@contextmanager
+def sizing() -> Iterator[list]:
+    """Inside the block, DP calls that pass the per-call limits record their cells in the yielded
+    list instead of counting them: a dry pass that sizes many calls before any of them runs."""
+    cells: list = []
+    token = _sizing.set(cells)
+    try:
+        yield cells
+    finally:
+        _sizing.reset(token)
+
+
+def in_budget() -> bool:
+    """Whether a :func:`command_budget` is counting."""
+    return _budget.get() is not None
 
 
 def amounts(n: int, limit: int) -> tuple[str, str]:

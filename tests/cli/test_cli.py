@@ -584,23 +584,27 @@ def test_rank_reads_whole_number_floats_as_counts(tmp_path, capsys):
 
 
 def test_a_suggested_bucket_passes_the_limit_that_suggested_it(capsys):
-    """The batch path: a bucket too fine for the working memory, then for the work limit; each
-    suggestion passes the limit that made it, so two reruns at most reach an answer."""
+    """The batch path: a bucket too fine for the working memory, then for one call's work limit;
+    each suggestion passes the limit that made it.  The command's calls also count together
+    (``command_budget``): a refusal at their total knows only the calls so far, so its bucket is a
+    lower bound, and may be followed by one more; three reruns at most reach an answer."""
     from gpuknap.cli import main  # noqa: PLC0415
     import re  # noqa: PLC0415
 
-    bucket, seen = "1 B", []
-    for _ in range(3):
+    bucket, seen, sizes = "1 B", [], []
+    units = {"bytes": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
+    for _ in range(4):
         rc = main(["best", "gpuknap/examples/demo.json", "--quiet", "--max-work", "1e6", "--bucket", bucket])
         err = capsys.readouterr().err
         if rc != 2:
             break
-        which = "memory" if "working memory" in err else "work"
+        which = "memory" if "working memory" in err else "total" if "count together" in err else "work"
         assert which not in seen, err  # the limit that suggested the last bucket does not refuse it
         seen.append(which)
         number, unit = re.search(r"at least ([\d.]+) (bytes|KiB|MiB|GiB)", err).groups()
+        sizes.append(float(number) * units[unit])
         bucket = f"{number} {'B' if unit == 'bytes' else unit}"
-    assert rc in (0, 1) and len(seen) <= 2
+    assert rc in (0, 1) and len(seen) <= 3 and sizes == sorted(sizes)
 
 
 @pytest.mark.parametrize("argv", [
@@ -838,3 +842,39 @@ def test_a_splits_file_too_large_for_the_memory_is_refused_before_it_is_ranked(c
     monkeypatch.setattr(_commands, "available_host_bytes", lambda: rank_bytes(300, 2))
     assert main(argv) in (0, 1)  # ranked (2 stages of the demo may not fit: exit 1)
     assert "memory" not in capsys.readouterr().err
+
+
+def test_the_work_limit_holds_a_whole_command(tmp_path, capsys):
+    """A red team (2026-12-03) ran ``timeline`` on 16 stages, each within ``--max-work`` alone, for 13x
+    the limit, and ``best --top 1000`` for 10x its estimate: a command's DP calls now count together.
+    The stages of one plan are sized before any runs (refused at once, naming a bucket at which the
+    command runs), and ``sweep --max-memory`` is taken as the integer it is."""
+    import re  # noqa: PLC0415
+    import time  # noqa: PLC0415
+
+    from gpuknap.cli import main  # noqa: PLC0415
+
+    options = [{"name": n, "memory": f"{m} MB", "forward": "90 ms", "backward": f"{b} ms"}
+               for n, m, b in (("NONE", 100, 180), ("SLCT", 60, 187.2), ("COMM", 20, 202.5), ("BOTH", 4, 209.7))]
+    spec = {"name": "big", "layers": [{"kind": "BODY", "count": 1600}],
+            "kinds": {"BODY": {"static": "1 MB", "options": options}}, "device": {"capacity": "20000 MB"},
+            "pipeline": {"stages": 16, "micro_batches": 32}}
+    path = tmp_path / "big.json"
+    path.write_text(json.dumps(spec))
+    counts = ",".join(["100"] * 16)
+    start = time.perf_counter()
+    rc = main(["timeline", str(path), "--counts", counts, "--bucket", "64KiB", "--max-work", "1e8", "--quiet"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "planning 16 stages needs" in err[0] and "count together" in err[0], err
+    assert time.perf_counter() - start < 5  # refused before the stages' DP
+    advised = re.search(r"at least ([\d.]+) (KiB|MiB)", err[0]).groups()
+    assert main(["timeline", str(path), "--counts", counts, "--bucket", " ".join(advised), "--max-work", "1e8",
+                 "--quiet"]) == 0
+    capsys.readouterr()
+    from gpuknap.engine import check_work, command_budget, work_limit  # noqa: PLC0415
+    with work_limit(100), command_budget():
+        check_work(60, 1.0, "a call")
+        with pytest.raises(ValueError, match="earlier DP calls used 60: 120 in all, over the work limit of 100"):
+            check_work(60, 1.0, "a call")
+    assert main(["sweep", os.path.join(EXAMPLES, "llama2_70b.json"), "--gpus", "64", "--global-batch", "256", "--stages", "4", "--tp", "8",
+                 "--max-memory", "1GiB", "--all", "--quiet"]) == 0
