@@ -32,6 +32,7 @@ import numpy as np
 from ..engine import (
     MAX_TOP,
     MEGABYTE,
+    WorkTooLarge,
     FrontTable,
     Planner,
     check_bucket,
@@ -238,6 +239,8 @@ def best_interleaved(model: Any, p: int, chunks: int, top: int, score: str, buck
     try:
         plain = plain_search(model, p * chunks, 1, "slowest", bucket, backend, None, max_bytes)
         starts = [plain[0][0]] + starts if plain else starts
+    except WorkTooLarge:  # over the work limit at this bucket: said, not dropped (the local search is more work)
+        raise
     except ValueError:  # the plain search may refuse (in-flight table, size): the even start remains
         pass
     slowest = max(float(fastest[-1]) / p, float(np.diff(fastest).max(initial=0.0)))

@@ -430,3 +430,26 @@ def test_the_moves_of_a_split_are_all_its_neighbours_or_bounded():
         row[i] -= 1
         row[i + 1] += 1
         assert tuple(row) in moves
+
+
+def test_the_local_search_does_not_drop_a_work_refusal_of_its_plain_start(monkeypatch):
+    """A red team found ``best_interleaved`` dropping any ``ValueError`` of the plain search it
+    starts from (2026-12-03): a refusal over the work limit went unsaid while the local search ran
+    on.  Work refusals now propagate; other refusals still leave the even start."""
+    from gpuknap.engine import WorkTooLarge
+    from gpuknap.search import _best
+
+    model = hetero_model(random.Random(7), 12, 2)
+
+    def refuse(*args, **kwargs):
+        raise WorkTooLarge("the plain search needs 9e99 DP cells, over the work limit", 10**100)
+
+    monkeypatch.setattr(_best, "plain_search", refuse)
+    with pytest.raises(WorkTooLarge, match="the plain search needs"):
+        best_splits(model, 2, interleave=2)
+
+    def other(*args, **kwargs):
+        raise ValueError("an in-flight table the plain search cannot use")
+
+    monkeypatch.setattr(_best, "plain_search", other)
+    assert best_splits(model, 2, interleave=2)  # the even start remains
