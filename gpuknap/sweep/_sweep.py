@@ -191,11 +191,13 @@ def sweep(source: Any, grid: Mapping, *, gpus: int, global_batch: int, score: st
             return run_configs(part, builder, **kwargs) if cluster is None else cluster(
                 run_configs, part, builder, kwargs, shards)
 
-        if top is None:
+        if top is None or top >= len(configs):  # nothing to prune: every row, paced by its pilot
             if cluster is None:  # the compiled pass loads (about a second) before the pilot is timed
                 get_backend(backend).fused(math.inf)
             rows, bad = paced(configs, run, step, max_seconds)
             counts = {"searched": len(configs), "pruned": 0, "invalid": 0, "infeasible": 0}
+            if top is not None:  # the first rows of the full sweep, as the pruned path gives them
+                rows = order_rows(rows, configs)[:top]
         else:
             rows, bad, counts = best_rows(configs, builder, top, lambda chunk: in_batches(chunk, step, run),
                                           lambda rs: order_rows(rs, configs), float(time_unit), MAX_CONFIGS, bucket)

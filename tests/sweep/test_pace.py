@@ -177,3 +177,27 @@ def test_the_line_says_the_time_left_of_the_configurations_phase(monkeypatch):
     assert lines[1].startswith("configurations [#####") and lines[1].endswith("31.0 s, ~90 s left"), lines[1]
     assert lines[2].startswith("DP passes (phase 2)") and "left" not in lines[2]
     assert all(len(x) <= progress_mod.WIDTH for x in lines)
+
+
+def test_a_top_that_prunes_nothing_is_paced_as_a_full_sweep(monkeypatch):
+    """``--top N`` with N at least the configurations can prune nothing: it runs (and is refused) as
+    ``--all`` is, by its pilot (a red team's ``--top 1000`` skipped the estimate that refused
+    ``--all``), and gives the first N rows of the full sweep."""
+    import os
+
+    from paths import EXAMPLES
+
+    from gpuknap import sweep
+    sweeps = importlib.import_module("gpuknap.sweep._sweep")
+    calls, real = [], sweeps.paced
+    monkeypatch.setattr(sweeps, "paced", lambda *a, **k: calls.append(len(a[0])) or real(*a, **k))
+    spec = os.path.join(EXAMPLES, "llama2_70b.json")
+    grid = {"stages": [2, 4], "tensor_parallel": [4, 8]}
+    full = sweep(spec, grid, gpus=64, global_batch=256, top=None)
+    assert calls == [4]
+    some = sweep(spec, grid, gpus=64, global_batch=256, top=2)
+    assert calls == [4]  # pruned as usual
+    many = sweep(spec, grid, gpus=64, global_batch=256, top=1000)
+    assert calls == [4, 4]
+    key = lambda rows: [(sorted(r["config"].items()), r["counts"], r["iteration_time_s"]) for r in rows]  # noqa: E731
+    assert key(many.rows) == key(full.rows) and key(some.rows) == key(full.rows[:2])
