@@ -51,8 +51,8 @@ from ._work import (
                        MAX_TOP,
                        WorkTooLarge,
                        check_work,
-                       counting,
                        command_budget,
+                       counting,
                        format_bytes,
                        format_seconds,
                        listening,
@@ -73,6 +73,6 @@ __all__ = [
     "Ranking", "compact_codes", "rank", "Assignment", "PipelineChoice", "Stage", "StageChoice",
     "Solved", "check_max_bytes", "solve_knapsacks", "solve_problems",
     "Planner", "check_stages", "choose", "least_times", "pp_lite", "single_stage_memory", "suffix_times",
-    "DEFAULT_MAX_CELLS", "MAX_TOP", "WorkTooLarge", "check_work", "command_budget", "counting", "format_bytes", "format_seconds",
-    "listening", "max_cells", "paused_collection", "report", "reporting", "work_limit",
+    "DEFAULT_MAX_CELLS", "MAX_TOP", "WorkTooLarge", "check_work", "command_budget", "counting", "format_bytes",
+    "format_seconds", "listening", "max_cells", "paused_collection", "report", "reporting", "work_limit",
 ]

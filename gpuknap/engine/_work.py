@@ -94,7 +94,7 @@ def command_budget(cells: int | None = None) -> Iterator[list]:
     """Count every DP call inside the ``with`` block against one limit (default: the work limit in
     force): each call is still refused alone over the per-call limit, and besides, a call that
     would take the calls' total over this one is refused (a command that plans each of many stages,
-    or searches in many rounds, stays within the limit its user gave).  Yields ``[cells used]``."""
+    or searches in many rounds, stays within the limit its user gave).  Yields ``[cells used, limit]``."""
     limit = max_cells() if cells is None else int(cells)
     used = [0, limit]
     token = _budget.set(used)
