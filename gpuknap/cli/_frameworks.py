@@ -152,6 +152,11 @@ def _merge(args: argparse.Namespace, settings: Any, source: str) -> dict:
         elif key == "window" and value:
             raise _bad(f"--window-size: a sliding window is costed only on a Hugging Face config, and {args.spec} "
                        "is not one", source)
+    if extra.get("dispatcher") == "flex" and (args.etp if args.etp is not None else args.tp or 1) > 1:
+        del extra["dispatcher"]  # Megatron runs flex at ETP > 1 too; gpuknap costs it at ETP 1 only
+        note("--moe-token-dispatcher-type flex at expert-tensor-parallel size over 1: costed as the alltoall "
+             "dispatcher (gpuknap costs flex's once-per-node sends at ETP 1 only), every routed copy sent to its "
+             "expert's rank, so across nodes the EP time is overstated")
     if etp_is_tp and args.etp is not None and args.etp != (args.tp or 1):  # arguments.py: ETP defaults to TP
         raise _bad(f"the settings give no --expert-tensor-parallel-size, so Megatron runs ETP = TP = {args.tp or 1}, "
                    f"but --etp {args.etp}; drop the flag or write the size in the file", source)

@@ -255,6 +255,10 @@ def flex_dispatch(token_bytes: float, top_k: int, experts: int, device: Device, 
     if not training.spans_nodes("ep", device.gpus_per_node):
         return all_to_all(copies, n, links(device, training, "ep"))
     local = max(1, min(n, device.gpus_per_node // stride))
+    if n % local or device.gpus_per_node % stride:
+        raise ValueError(f"training.dispatcher: the flex dispatcher is costed for EP groups of whole nodes, and EP "
+                         f"{n} spans nodes of {device.gpus_per_node} GPUs unevenly; use an EP size that is a multiple "
+                         "of the GPUs per node (or fits in one node), or the alltoall dispatcher")
     eff = device.link_efficiency
     reached = nodes_reached(experts, top_k, n, local)
     forwarded = copies * ((local - 1) / n + (n - local) / n * (local - 1) / local)

@@ -306,10 +306,12 @@ def run_flags(run: Any) -> list[str]:
         if run.tp_comm_overlap:
             out.append("--tp-comm-overlap")
     out.append(f"--context-parallel-size {run.cp}")
+    # flex refuses EP x ETP = 1 (moe/token_dispatcher.py), where no token travels and alltoall costs the same
+    dispatcher = run.dispatcher if run.ep * run.etp > 1 else "alltoall"
     if run.moe:  # grouped GEMM: the experts' matrices as the cost model runs them; moe_act needs it
         out += [f"--expert-model-parallel-size {run.ep}", f"--expert-tensor-parallel-size {run.etp}",
-                "--moe-grouped-gemm", f"--moe-token-dispatcher-type {run.dispatcher}"]  # the dispatcher costed
-        if run.dispatcher == "flex":  # DeepEP, Megatron's default flex backend (HybridEP costs the same)
+                "--moe-grouped-gemm", f"--moe-token-dispatcher-type {dispatcher}"]  # the dispatcher costed
+        if dispatcher == "flex":  # DeepEP, Megatron's default flex backend (HybridEP costs the same)
             out.append("--moe-flex-dispatcher-backend deepep")
     out += [f"--micro-batch-size {run.micro_batch}", f"--global-batch-size {run.global_batch}",
             f"--seq-length {run.seq}"]

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from ..engine import MEGABYTE, Layers, Planner, Stage
+from ..engine import MEGABYTE, Layers, Planner, Stage, WorkTooLarge
 from ..schedule import iteration_times
 from ._classify import kind_counts
 from ._patterns import (GROUPED, Layout, Pattern, Rule, _score, decoder_kinds, framework_rule, in_order, run_names,
@@ -54,6 +54,8 @@ def interleaved_constrained(model: Any, rule: Rule, p: int, v: int, top: int, sc
     try:
         plain = plain_constrained(model, rule, p * v, 1, "slowest", bucket, backend, None, max_bytes)
         starts = starts + [plain[0][0]] if plain else starts
+    except WorkTooLarge:  # over the work limit at this bucket: said, not dropped
+        raise
     except ValueError:  # a plain search may refuse (size): the even start remains
         pass
     out = Found()

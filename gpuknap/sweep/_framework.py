@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ..formats import emit
 from ..formats import framework as frameworks
 from ..schedule import chunk_times
 from ..search import best_on_split, constrained_splits, even_candidate, interleaved_score, with_grouped
@@ -36,7 +37,8 @@ def framework_rows(config: dict, found: list, model: Any, framework: str, score:
                    backend: Any, max_bytes: int | None) -> tuple[list, list]:
     """``(rows, even)`` of one configuration as ``framework`` runs it, their simulated times still to
     fill; ``found``: the unconstrained search's ``(counts, score)`` entries (none: infeasible, and
-    then no framework plan fits either)."""
+    then no framework plan fits either).  ValueError where the framework's settings cannot state the
+    configuration (the sweep skips it with that reason)."""
     v = config["interleave"]
     named = constrained_splits(model, config["stages"], framework, top, score, bucket, backend, None, max_bytes, v,
                                [list(c) for c, *_ in found])
@@ -46,6 +48,10 @@ def framework_rows(config: dict, found: list, model: Any, framework: str, score:
             for i, (counts, value, _, names, _) in enumerate(named)]
     if not rows:
         return [], []
+    try:  # what the framework's settings cannot state (MindFormers: ETP, flex, TP overlap) is skipped
+        emit(framework, grouped, named[0][0], chunks=v, names=named[0][3])
+    except ValueError as exc:
+        raise ValueError(f"--emit {framework} refuses this configuration: {exc}") from None
     even = even_candidate(model, config["stages"], v, [r["counts"] for r in rows]) if v > 1 else None
     names = best_on_split(model, even, framework, v, None, bucket) if even is not None else None
     if names is None:

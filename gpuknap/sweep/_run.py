@@ -149,7 +149,12 @@ def run_configs(configs: list, builder: Callable, *, global_batch: int, score: s
                                                   backend, None, max_bytes), model, False, None))
     for config, found, model, exact, fronts in searched:
         if framework is not None and found:
-            named, best_even = framework_rows(config, found, model, framework, score, top, bucket, backend, max_bytes)
+            try:
+                named, best_even = framework_rows(config, found, model, framework, score, top, bucket, backend,
+                                                  max_bytes)
+            except ValueError as exc:  # settings the framework cannot state, or a constrained search refused
+                skipped.append({"config": config, "reason": str(exc)})
+                continue
             rows += named or _unstated(config, model, framework, exact)
             even += best_even
             continue

@@ -166,3 +166,36 @@ def test_a_sweep_costs_every_configuration_with_flex_and_its_rows_reproduce(caps
     assert json.loads(capsys.readouterr().out)["results"][0]["iteration_time_s"] == row["iteration_time_s"]
     (plain,) = [r for r in got["alltoall"]["rows"] if r["config"]["expert_parallel"] == 8]
     assert row["iteration_time_s"] < plain["iteration_time_s"]
+
+
+def test_flex_where_gpuknap_does_not_cost_it(capsys, tmp_path):
+    """A review's findings: a Megatron launch running flex at ETP > 1 (which Megatron allows) is
+    costed as alltoall with a note, not refused with advice the file cannot follow; flex is not
+    written for EP x ETP = 1, which Megatron's flex dispatcher refuses; an EP group spread over
+    nodes unevenly is refused by name (the hierarchical count assumes whole nodes)."""
+    plan = [QWEN3, "--stages", "8", "--tp", "2", "--ep", "32", "--etp", "1", "--dp", "16", "--seq", "4096",
+            "--micro-batches", "128", "--device", "h100", "--dispatcher", "flex", "--quiet"]
+    assert main(["best", *plan, "--emit", "megatron"]) == 0
+    text = capsys.readouterr().out
+    start = text.index("GPUKNAP_ARGS=(")
+    args = text[start:text.index(")\n", start) + 2]
+    wide = tmp_path / "etp2.sh"
+    wide.write_text(args.replace("--expert-tensor-parallel-size 1", "--expert-tensor-parallel-size 2")
+                    .replace("--expert-model-parallel-size 32", "--expert-model-parallel-size 16"))
+    plain = tmp_path / "a2a.sh"
+    plain.write_text(wide.read_text().replace("type flex", "type alltoall"))
+    runs = []
+    for path in (wide, plain):
+        assert main(["rank", QWEN3, "--from", str(path), "--seq", "4096", "--dp", "16", "--device", "h100", "--json",
+                     "--quiet"]) in (0, 1)
+        out = capsys.readouterr()
+        runs.append((json.loads(out.out)["best"], out.err))
+    assert runs[0][0] == runs[1][0] and "costed as the alltoall dispatcher" in runs[0][1]
+    small = os.path.join(EXAMPLES, "mixtral_small_config.json")
+    assert main(["best", small, "--stages", "2", "--tp", "2", "--ep", "1", "--etp", "1", "--dp", "2", "--seq", "4096",
+                 "--micro-batches", "8", "--dispatcher", "flex", "--emit", "megatron", "--quiet"]) == 0
+    assert "--moe-token-dispatcher-type alltoall" in capsys.readouterr().out
+    tr = Training(seq=4096, tensor_parallel=1, expert_parallel=12, expert_tensor_parallel=1, data_parallel=12,
+                  dispatcher="flex")
+    with pytest.raises(ValueError, match="EP groups of whole nodes"):
+        flex_dispatch(1e6, 2, 24, device("h100"), tr)

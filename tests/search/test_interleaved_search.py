@@ -453,3 +453,19 @@ def test_the_local_search_does_not_drop_a_work_refusal_of_its_plain_start(monkey
 
     monkeypatch.setattr(_best, "plain_search", other)
     assert best_splits(model, 2, interleave=2)  # the even start remains
+
+
+def test_the_constrained_local_search_does_not_drop_a_work_refusal_of_its_plain_start(monkeypatch):
+    """The framework-constrained interleaved search dropped a work refusal of its plain start the same
+    way (a review, 2026-12-03): it propagates now."""
+    from gpuknap.engine import WorkTooLarge
+    from gpuknap.formats import load_spec
+    from gpuknap.search import _constrained, constrained_splits
+
+    def refuse(*args, **kwargs):
+        raise WorkTooLarge("the plain search needs 9e99 DP cells, over the work limit", 10**100)
+
+    monkeypatch.setattr(_constrained, "plain_constrained", refuse)
+    spec = load_spec("gpuknap/examples/demo.json")
+    with pytest.raises(WorkTooLarge, match="the plain search needs"):
+        constrained_splits(spec.model, 4, "mindformers", 1, "slowest", spec.bucket, "numpy", interleave=2)

@@ -79,3 +79,14 @@ def test_the_command_line_names_the_framework_and_each_row_emits_it(capsys):
     assert json.loads(capsys.readouterr().out)["results"][0]["iteration_time_s"] == row["iteration_time_s"]
     with pytest.raises(ValueError, match="framework must be one of megatron, mindformers"):
         sweep(LLAMA, GRID, gpus=64, global_batch=256, framework="deepspeed")
+
+
+def test_configurations_the_framework_cannot_state_are_skipped_with_the_reason():
+    """A review found ``sweep --framework mindformers`` ranking plans whose own ``--emit mindformers``
+    refuses them (TP communication overlapped, which MindFormers cannot state): such configurations
+    are skipped, saying why; the others are ranked."""
+    result = sweep(os.path.join(EXAMPLES, "llama2_7b_config.json"), {"stages": [2], "tensor_parallel": [1, 2]},
+                   gpus=8, global_batch=32, seq=4096, framework="mindformers", tp_comm_overlap=True, top=None)
+    assert {r["config"]["tensor_parallel"] for r in result.rows} == {1}
+    (skip,) = [s for s in result.skipped if s["config"]["tensor_parallel"] == 2]
+    assert "--emit mindformers refuses this configuration" in skip["reason"] and "tp_comm_overlap" in skip["reason"]
