@@ -332,7 +332,8 @@ class Planner:
                     _choose(self.table, st.groups, st.budget, dry=True)
         except (TypeError, ValueError):  # unhashable, or a stage refused alone: the solve says so
             return
-        check_budget(sum(cells), self.table.bucket, f"planning {len(todo)} stage{'' if len(todo) == 1 else 's'}")
+        check_budget(sum(c for c, _ in cells), self.table.bucket, f"planning {len(todo)} stage{'' if len(todo) == 1 else 's'}",
+                     sum(f for _, f in cells))
 
     def stage(self, stage: Stage) -> StageChoice | None:
         """The choice of one (validated) stage, solved once per distinct groups and budget."""

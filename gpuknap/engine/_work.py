@@ -94,9 +94,10 @@ def command_budget(cells: int | None = None) -> Iterator[list]:
     """Count every DP call inside the ``with`` block against one limit (default: the work limit in
     force): each call is still refused alone over the per-call limit, and besides, a call that
     would take the calls' total over this one is refused (a command that plans each of many stages,
-    or searches in many rounds, stays within the limit its user gave).  Yields ``[cells used, limit]``."""
+    or searches in many rounds, stays within the limit its user gave).  Yields ``[cells used, limit,
+    fixed cells used]``."""
     limit = max_cells() if cells is None else int(cells)
-    used = [0, limit]
+    used = [0, limit, 0]  # cells used, the limit, and of the used the passes' set-up that no bucket changes
     token = _budget.set(used)
     try:
         yield used
@@ -187,12 +188,13 @@ def check_work(cells: int, bucket: float, what: str = "this batch", factor: int 
     if cells + fixed <= limit:
         sizing = _sizing.get()
         if sizing is not None:  # a dry pass: recorded, not counted
-            sizing.append(cells + fixed)
+            sizing.append((cells, fixed))
             return
-        check_budget(cells + fixed, bucket, what)
+        check_budget(cells, bucket, what, fixed)
         budget = _budget.get()
         if budget is not None:
             budget[0] += cells + fixed
+            budget[2] += fixed
         spent = _spent.get()
         if spent is not None:
             spent[0] += cells + fixed
@@ -213,19 +215,24 @@ def check_work(cells: int, bucket: float, what: str = "this batch", factor: int 
         "(--bucket), or raise the limit (--max-work, gpuknap.work_limit)", cells + fixed)
 
 
-def check_budget(cells: int, bucket: float, what: str) -> None:
-    """Refuse ``cells`` more DP cells when they take the command's calls over its limit
-    (:func:`command_budget`), naming a bucket at which all of them would fit."""
+def check_budget(cells: int, bucket: float, what: str, fixed: int = 0) -> None:
+    """Refuse ``cells`` more DP cells (and ``fixed`` cells of passes' set-up, which no bucket changes)
+    when they take the command's calls over its limit (:func:`command_budget`), naming a bucket at
+    which all of them would fit."""
     budget = _budget.get()
-    if budget is None or budget[0] + cells <= budget[1]:
+    if budget is None or budget[0] + cells + fixed <= budget[1]:
         return
-    total = budget[0] + cells
-    need, most = amounts(total, budget[1])
-    said = (f"{format_count(cells, '.3g')} DP cells, and the command's earlier DP calls used "
+    total, limit, pinned = budget[0] + cells + fixed, budget[1], budget[2] + fixed
+    need, most = amounts(total, limit)
+    said = (f"{format_count(cells + fixed, '.3g')} DP cells, and the command's earlier DP calls used "
             f"{format_count(budget[0], '.3g')}: {need} in all" if budget[0] else f"{need} DP cells")
-    raise WorkTooLarge(
-        f"{what} needs {said}, over the work limit of {most} (a command's calls count together); use "
-        f"{coarser(bucket, total / budget[1])} (--bucket), or raise the limit (--max-work)", total)
+    # a larger bucket shrinks the rows and can spare whole calls (stages whose fastest options then
+    # fit need no DP), so the set-up counted so far is not fixed across buckets: scaled as a whole
+    # unless the set-up is under the limit, when the rows alone are scaled
+    ratio = total / limit if pinned >= limit else (total - pinned) / (limit - pinned)
+    advice = f"use {coarser(bucket, ratio)} (--bucket)"
+    raise WorkTooLarge(f"{what} needs {said}, over the work limit of {most} (a command's calls count together); "
+                       f"{advice}, or raise the limit (--max-work)", total)
 
 
 @contextmanager
