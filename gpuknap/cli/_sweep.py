@@ -210,7 +210,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             note(text)
     feasible = result.best is not None
     if args.plot:
-        title = f"{os.path.basename(args.spec)}: {args.gpus} GPUs, global batch {args.global_batch}"
+        title = (f"{os.path.basename(args.spec)}: {args.gpus} GPUs, global batch {args.global_batch}"
+                 + (f", plans as {args.framework} runs them" if args.framework else ""))
         plot_sweep(result.rows, args.plot, title, result.skipped, top)
     for row in result.rows:
         row["command"] = best_command(args, row["config"])
