@@ -58,14 +58,16 @@ def framework_rows(config: dict, found: list, model: Any, framework: str, score:
         return rows, []
     ev = frameworks.evaluate(grouped, even, names, None, v)
     value = float(interleaved_score(np.array([ev.times], dtype=np.float64), score, model.micro_batches, v)[0])
-    row = _row(config, 1, even, value, grouped, names, v, False)
+    row = _row(config, 1, even, value, grouped, names, v, False, ev)
     row["even_split"] = True
     return rows, [row]
 
 
-def _row(config: dict, rank: int, counts: Any, value: float, model: Any, names: list, v: int, exact: bool) -> dict:
+def _row(config: dict, rank: int, counts: Any, value: float, model: Any, names: list, v: int, exact: bool,
+         ev: Any = None) -> dict:
+    """A feasible row (``ev``: the split's :func:`gpuknap.formats.framework.evaluate`, when made already)."""
     counts = [int(c) for c in counts]
-    ev = frameworks.evaluate(model, counts, names, None, v)
+    ev = frameworks.evaluate(model, counts, names, None, v) if ev is None else ev
     peak = [model.capacity - model.reserved - budget + memory for memory, budget in zip(ev.memory, ev.budgets)]
     return {"config": config, "rank": rank, "counts": counts, "score": float(value), "iteration_time": None,
             "throughput": None, "peak_memory_bytes": peak, "headroom_bytes": headroom(model, peak), "feasible": True,

@@ -211,24 +211,26 @@ _RUN_FIELDS = ("headroom_bytes", "idle_share", "iteration_time_s", "mfu", "tflop
                "stage_breakdown")
 
 
-def _unstated(config: dict, model: Any, framework: str, exact: bool) -> list:
-    """The one row of a configuration ``framework`` cannot run within memory, though a plan with
-    every layer on its own option fits."""
+def _infeasible(config: dict, model: Any, exact: bool, held: int | None, reason: str) -> list:
+    """The one row of a configuration with no feasible split (``held``: its coverable layers)."""
     return [{"config": config, "rank": 1, "counts": None, "score": None, "iteration_time": None,
              "throughput": None, "peak_memory_bytes": None, "feasible": False, "exact": exact,
-             **dict.fromkeys(_RUN_FIELDS), "coverable_layers": None, "layers": model.layers,
-             "reason": f"no split fits the device memory with settings {framework} runs as written (a plan with "
-                       "every layer on its own recompute option fits)"}]
+             **dict.fromkeys(_RUN_FIELDS), "coverable_layers": held, "layers": model.layers, "reason": reason}]
+
+
+def _unstated(config: dict, model: Any, framework: str, exact: bool) -> list:
+    """The row of a configuration ``framework`` cannot run within memory, though a plan with every
+    layer on its own option fits."""
+    return _infeasible(config, model, exact, None, f"no split fits the device memory with settings {framework} "
+                                                   "runs as written (a plan with every layer on its own recompute "
+                                                   "option fits)")
 
 
 def _rows(config: dict, found: list, model: Any, plan: Planner, v: int, exact: bool, bucket: float) -> list:
     """Rows of one configuration, their simulated times still to fill (:func:`_simulate_rows`)."""
     if not found:
         held = coverage(model, config["stages"], bucket) if v == 1 else None
-        return [{"config": config, "rank": 1, "counts": None, "score": None, "iteration_time": None,
-                 "throughput": None, "peak_memory_bytes": None, "feasible": False, "exact": exact,
-                 **dict.fromkeys(_RUN_FIELDS), "coverable_layers": held, "layers": model.layers,
-                 "reason": infeasible_reason(model, config["stages"], v, held)}]
+        return _infeasible(config, model, exact, held, infeasible_reason(model, config["stages"], v, held))
     out = []
     for i, (counts, value) in enumerate(found):
         stages = model.stages(list(counts), None, v)
