@@ -69,8 +69,9 @@ def add_sweep(sub: Any, base: Any) -> None:
                    help="how MoE layers send tokens to their experts: alltoall (default) or flex (DeepEP, HybridEP: "
                         "once per node across nodes; configurations with ETP > 1 are refused)")
     w.add_argument("--max-time", type=number(1, "a number of seconds"), default=DEFAULT_MAX_SECONDS,
-                   metavar="SECONDS", help="with --all, refuse a sweep estimated (on a pilot of 48 configurations "
-                                           "drawn from groups of like ones) to take longer "
+                   metavar="SECONDS", help="refuse a sweep estimated to take longer: with --all on a pilot of 48 "
+                                           "configurations drawn from groups of like ones, with --top after each "
+                                           "round on those still within reach of its rows "
                                            f"(default {DEFAULT_MAX_SECONDS:g})")
     w.add_argument("--scheduler", metavar="ADDRESS",
                    help="shard the configurations over a Dask cluster, e.g. tcp://host:8786 (needs gpuknap[cluster])")

@@ -144,3 +144,20 @@ def paced(configs: list, run: Callable[[list], tuple[list, list]], step: int,
     done = {i for indices, _ in plan for i in indices}
     more, bad = in_batches([c for i, c in enumerate(configs) if i not in done], step, run, progress)
     return rows + more, skipped + bad
+
+
+def check_pace(left: int, top: int, searched: int, spent: float, max_seconds: float) -> None:
+    """Refuse (ValueError) a sweep of the ``top`` best rows whose ``searched`` configurations took
+    ``spent`` seconds and whose ``left`` configurations still within reach of the ``top``-th best
+    row so far (it only falls, so these are all it can still search) would take it over
+    ``max_seconds`` at the time per search so far: an estimate from above in the count, not in
+    the time per search."""
+    estimate = spent + spent / searched * left
+    if estimate <= max_seconds:
+        return
+    allow, shown = math.ceil(estimate * 1.5), format_seconds(estimate)
+    raise ValueError(
+        f"the best {top} rows of this sweep could take up to about {shown} here"
+        f"{'' if shown == f'{estimate:.0f} s' else f' ({estimate:.0f} s)'}: {searched:,} configurations searched in {spent:.1f} s and up to {left:,} more "
+        f"within reach of the {top}-th best row so far, over the limit of {max_seconds:g} s; narrow the grid, "
+        f"ask for fewer rows, or allow it (--max-time {allow}, max_seconds={allow})")

@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import heapq
 import math
+import time
 from collections import Counter
 from typing import Any, Callable
 
 import numpy as np
 
 from ..search import coverage
+from ._pace import check_pace
 from ._lpbound import memory_path_bound, worth_solving
 from ._bounds import (  # noqa: F401 (the bounds' tests import them from here)
     busiest_device,
@@ -269,11 +271,14 @@ def layers_held(model: Any, stages: int, chunks: int, bucket: float) -> int:
 
 
 def best_rows(configs: list, builder: Callable, top: int, run: Callable, order: Callable,
-              time_unit: float, limit: int, bucket: float) -> tuple[list, list, dict]:
+              time_unit: float, limit: int, bucket: float,
+              max_seconds: float | None = None) -> tuple[list, list, dict]:
     """The ``top`` best rows of ``configs``: ``(rows, skipped, counts)``; ``run(configs) -> (rows,
     skipped)`` searches configurations, ``order(rows)`` sorts rows as the full sweep does.
     ``counts``: configurations ``searched``, ``pruned`` (by bound, never built) and ``invalid``.
-    More than ``limit`` searches (bounds too weak for this grid) is refused with a ValueError.
+    More than ``limit`` searches (bounds too weak for this grid) is refused with a ValueError, and
+    so is a sweep estimated over ``max_seconds`` after any round (:func:`_check_pace`: the
+    configurations still within reach of the cutoff, at the time per search so far: :func:`._pace.check_pace`).
     A configuration that :func:`layers_held` proves infeasible is not searched unless fewer than
     ``top`` rows are feasible (then its infeasible row is among the first ``top``)."""
 
@@ -293,8 +298,11 @@ def best_rows(configs: list, builder: Callable, top: int, run: Callable, order: 
     rows: list = []
     deferred: list = []  # configurations no split of which fits (proved without a search)
     searched, size = 0, FIRST_ROUND
+    start = time.perf_counter()
     while True:
         cutoff = _nth_time(rows, top)
+        if searched and max_seconds is not None:
+            check_pace(queue.within(cutoff), top, searched, time.perf_counter() - start, max_seconds)
         at = queue.next(cutoff)
         if at is None:
             break
@@ -344,6 +352,11 @@ class _Queue:
 
     def __len__(self) -> int:
         return len(self._heap)
+
+    def within(self, cutoff: float) -> int:
+        """How many configurations left have a bound within ``cutoff`` (bounds only rise as they
+        are refined, and the cutoff only falls: at most this many are still searched)."""
+        return sum(entry[0] <= cutoff for entry in self._heap)
 
     def next(self, cutoff: float) -> int | None:
         """Take the next configuration whose bound is within ``cutoff`` (None: every one left

@@ -143,7 +143,8 @@ def sweep(source: Any, grid: Mapping, *, gpus: int, global_batch: int, score: st
     ``framework`` (``megatron``, ``mindformers``): every row is a plan that framework states, ranked by
     its time (:mod:`._framework`); None: each layer on its own option.  ``max_seconds``: a sweep of every row whose time,
     estimated on a pilot of its configurations before the rest run (:mod:`._pace`), is over
-    this is refused (None: no limit and no pilot).
+    this is refused (None: no limit and no pilot); so is a sweep of the ``top`` rows whose
+    estimate after a round of its pruned search (:func:`._pace.check_pace`) is over it.
     """
     if score not in SCORES:
         raise ValueError(f"score must be one of {SCORES} for a sweep (every row carries its simulated time), "
@@ -200,7 +201,8 @@ def sweep(source: Any, grid: Mapping, *, gpus: int, global_batch: int, score: st
                 rows = order_rows(rows, configs)[:top]
         else:
             rows, bad, counts = best_rows(configs, builder, top, lambda chunk: in_batches(chunk, step, run),
-                                          lambda rs: order_rows(rs, configs), float(time_unit), MAX_CONFIGS, bucket)
+                                          lambda rs: order_rows(rs, configs), float(time_unit), MAX_CONFIGS, bucket,
+                                          max_seconds)
     if not rows:  # every configuration failed to build: the input is wrong, not the memory too small
         raise ValueError("no configuration of the grid can be built: "
                          + "; ".join(sorted({s["reason"] for s in bad}))[:600])

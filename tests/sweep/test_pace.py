@@ -139,7 +139,7 @@ def test_pilot_rows_are_the_sweeps_rows_and_refusal_names_the_flag(monkeypatch):
                                          r"of them drawn from 1 of its"):  # (the first group alone is over)
         sweep(LLAMA, GRID, gpus=32, global_batch=64, backend="numpy", bucket=16 * 2**20, max_seconds=60)
     assert len(sweep(LLAMA, GRID, gpus=32, global_batch=64, backend="numpy", bucket=16 * 2**20, top=3,
-                     max_seconds=60).rows) == 3  # the best rows only: no pilot, no estimate
+                     max_seconds=60).rows) == 3  # the best rows only: no pilot (its own estimate, on its own clock)
     for bad in (0, -1, math.inf, True, "60"):
         with pytest.raises(ValueError, match="max_seconds must be a positive number of seconds"):
             sweep(LLAMA, GRID, gpus=32, global_batch=64, max_seconds=bad)
@@ -155,6 +155,10 @@ def test_cli_refusal_is_one_line_and_bad_max_time_exits_2(monkeypatch, capsys):
     assert main(["sweep", *args, "--max-time", "600"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "over 15 min here (900 s)" in err[0] and "--max-time 1350" in err[0], err
+    monkeypatch.setattr(importlib.import_module("gpuknap.sweep._prune"), "time", Clock(100.0))
+    assert main(["sweep", *args[:-5], "--top", "2", "--max-time", "60"]) == 2  # the pruned search's own estimate
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "the best 2 rows of this sweep could take up to about" in err[0], err
     for bad in ("0", "x", "-5", "inf"):
         assert main(["sweep", *args, "--max-time", bad]) == 2
         err = capsys.readouterr().err.strip().splitlines()
@@ -201,3 +205,32 @@ def test_a_top_that_prunes_nothing_is_paced_as_a_full_sweep(monkeypatch):
     assert calls == [4, 4]
     key = lambda rows: [(sorted(r["config"].items()), r["counts"], r["iteration_time_s"]) for r in rows]  # noqa: E731
     assert key(many.rows) == key(full.rows) and key(some.rows) == key(full.rows[:2])
+
+
+def test_a_top_sweep_is_refused_when_what_it_can_still_search_is_over_the_limit(monkeypatch):
+    """``--top N`` estimates after every round: the configurations still within reach of the N-th
+    best row so far (all it can still search, the cutoff only falls) at the time per search so
+    far.  The count is checked against what the sweep then searched, round after round."""
+    prune = importlib.import_module("gpuknap.sweep._prune")
+    monkeypatch.setattr(prune, "FIRST_ROUND", 2)
+    monkeypatch.setattr(prune, "ROUND", 3)  # many rounds on 30 configurations
+    seen, real = [], prune.check_pace
+    monkeypatch.setattr(prune, "check_pace", lambda left, top, searched, spent, limit: (
+        seen.append((left, searched)), real(left, top, searched, spent, limit)))
+    kw = dict(gpus=32, global_batch=64, backend="numpy", bucket=16 * 2**20, top=3)
+    free = sweep(LLAMA, GRID, **kw, max_seconds=None)
+    assert seen == []  # no limit: nothing estimated
+    limited = sweep(LLAMA, GRID, **kw, max_seconds=3600)
+    assert json.dumps(limited.rows) == json.dumps(free.rows) and limited.searched == free.searched
+    assert len(seen) >= 3 and [s for _, s in seen] == sorted(s for _, s in seen)
+    assert all(limited.searched - searched <= left for left, searched in seen), (seen, limited.searched)
+    assert seen[0][0] >= limited.searched - seen[0][1] > 0
+    with pytest.raises(ValueError, match=r"the best 3 rows of this sweep could take up to about .* here: "
+                                         r"2 configurations searched in [\d.]+ s and up to [\d,]+ more within reach "
+                                         r"of the 3-th best row so far, over the limit of 1e-09 s; .*--max-time \d+"):
+        sweep(LLAMA, GRID, **kw, max_seconds=1e-9)
+    assert pace.check_pace(10, 3, 5, 2.0, 6.0) is None  # 2 s + 0.4 s x 10 = 6 s: within
+    with pytest.raises(ValueError, match=r"about 6 s here: 5 configurations searched in 2.0 s and up to 10 more"):
+        pace.check_pace(10, 3, 5, 2.0, 5.99)
+    with pytest.raises(ValueError, match=r"about 10 min here \(600 s\): 5 configurations searched in 200.0 s"):
+        pace.check_pace(10, 3, 5, 200.0, 5.0)
