@@ -77,8 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "sequence parallelism)")
     common.add_argument("--dispatcher", choices=DISPATCHERS,
                         help="how MoE layers send tokens to their experts: alltoall (default; Megatron's "
-                             "--moe-token-dispatcher-type alltoall) or flex (DeepEP, HybridEP: once per node across "
-                             "nodes; needs --etp 1)")
+                             "--moe-token-dispatcher-type alltoall) or flex (DeepEP, HybridEP: once per rank, and "
+                             "once per node across nodes; needs --etp 1)")
     common.add_argument("--recompute", choices=RECOMPUTE,
                         help="run every decoder layer with this option (predict a run as it was run); moe_act "
                              "and selective+moe_act are Megatron's --recompute-modules moe_act (and core_attn): "

@@ -67,7 +67,7 @@ def add_sweep(sub: Any, base: Any) -> None:
                         "with --emit (default: every layer on its own option)")
     w.add_argument("--dispatcher", choices=DISPATCHERS, default="alltoall",
                    help="how MoE layers send tokens to their experts: alltoall (default) or flex (DeepEP, HybridEP: "
-                        "once per node across nodes; configurations with ETP > 1 are refused)")
+                        "once per rank, and once per node across nodes; configurations with ETP > 1 are refused)")
     w.add_argument("--max-time", type=number(1, "a number of seconds"), default=DEFAULT_MAX_SECONDS,
                    metavar="SECONDS", help="refuse a sweep estimated to take longer: with --all on a pilot of 48 "
                                            "configurations drawn from groups of like ones, with --top after each "

@@ -34,9 +34,9 @@ class Training:
     Adam moments (12), divided over the data-parallel ranks with the distributed optimizer;
     ``tp_comm_overlap``: TP collectives overlapped with the GEMMs (Megatron's ``--tp-comm-overlap``);
     ``dispatcher``: how MoE layers send tokens to their experts, Megatron's ``alltoall`` (every routed
-    copy of a token to its expert's rank) or ``flex`` (DeepEP, HybridEP: a token crosses the network
-    once per node that holds one of its experts, then NVLink; MoE layers need expert-tensor
-    parallelism 1 with it)."""
+    copy of a token to its expert's rank) or ``flex`` (DeepEP, HybridEP: a token goes once to each
+    rank holding one of its experts, crossing the network once per node, then NVLink; MoE layers
+    need expert-tensor parallelism 1 with it)."""
 
     seq: int
     micro_batch: int = 1
@@ -243,17 +243,19 @@ def nodes_reached(experts: int, top_k: int, ranks: int, local: int) -> float:
 
 def flex_dispatch(token_bytes: float, top_k: int, experts: int, device: Device, training: Training) -> float:
     """Seconds for one dispatch (or combine) of the flex dispatcher (DeepEP, HybridEP) in which a
-    rank holds tokens of ``token_bytes`` in all, each routed to ``top_k`` of ``experts``: within one
-    node the all-to-all of every routed copy; spanning nodes, each token crosses the rank's port
-    once per other node holding one of its experts (:func:`nodes_reached`), and the copies for
-    other GPUs of a node go over NVLink (the sender's own node's, and on arrival the rest), both at
-    once (the longer one counts)."""
+    rank holds tokens of ``token_bytes`` in all, each routed to ``top_k`` of ``experts``: a token
+    goes once to each rank holding one of its experts, however many of them it holds.  Within one
+    node, to each other rank it reaches (:func:`nodes_reached` with one rank a node) over the
+    node's links; spanning nodes, over the rank's port once per other node holding one of its
+    experts (:func:`nodes_reached`), and over NVLink to the other ranks it reaches on its own node
+    and, forwarded on arrival, on each node reached: both at once (the longer one counts)."""
     stride, n = training.stride("ep")
-    copies = token_bytes * top_k  # every routed copy, as the alltoall dispatcher sends them
     if n <= 1:
         return 0.0
+    ranks = nodes_reached(experts, top_k, n, 1)  # the other ranks a token reaches
     if not training.spans_nodes("ep", device.gpus_per_node):
-        return all_to_all(copies, n, links(device, training, "ep"))
+        link = links(device, training, "ep")
+        return token_bytes * ranks / link.bandwidth + (n - 1) * link.latency
     local = max(1, min(n, device.gpus_per_node // stride))
     if n % local or device.gpus_per_node % stride:
         raise ValueError(f"training.dispatcher: the flex dispatcher is costed for EP groups of whole nodes, and EP "
@@ -261,9 +263,11 @@ def flex_dispatch(token_bytes: float, top_k: int, experts: int, device: Device, 
                          "of the GPUs per node (or fits in one node), or the alltoall dispatcher")
     eff = device.link_efficiency
     reached = nodes_reached(experts, top_k, n, local)
-    forwarded = copies * ((local - 1) / n + (n - local) / n * (local - 1) / local)
+    # each of the n / local nodes' other local - 1 ranks is reached with the same chance, ranks / (n - 1):
+    # the own node's directly, the others' forwarded by the rank that received the token there
+    forwarded = token_bytes * ranks / (n - 1) * (local - 1) * (n // local)
     near = forwarded / (device.intra_bandwidth * eff) + (local - 1) * device.intra_latency
-    far = token_bytes * reached / (device.inter_bandwidth * eff) + (-(-n // local) - 1) * device.inter_latency
+    far = token_bytes * reached / (device.inter_bandwidth * eff) + (n // local - 1) * device.inter_latency
     return max(near, far)
 
 
