@@ -62,13 +62,15 @@ class ModelCosts:
         tr, dev = self.training, self.device
         dense = sum(n * self.params.get(k, 0.0) for k, n in kinds.items())
         expert = sum(n * self.expert_params.get(k, 0.0) for k, n in kinds.items())
-        grads = gather = buckets = 0.0
+        grads = gather = buckets = last_grads = last_gather = 0.0
         for count, link, size in _reduced(dense, expert, tr, dev):
             k = math.ceil(count / BUCKET_PARAMS)
-            grads += k * all_gather(FP32 * count / k, size, link)
-            gather += k * all_gather(ACT * count / k, size, link)
-            buckets += k
-        out = exposed(grads, buckets, backward / MS) + exposed(gather, buckets, forward / MS)
+            one_grads, one_gather = all_gather(FP32 * count / k, size, link), all_gather(ACT * count / k, size, link)
+            grads, gather, buckets = grads + k * one_grads, gather + k * one_gather, buckets + k
+            last_grads, last_gather = max(last_grads, one_grads), max(last_gather, one_gather)
+        # dense and expert gradients fill buffers of their own: each one's last bucket is ready only
+        # when the backward ends, so the larger of the two is left at least
+        out = exposed(grads, buckets, backward / MS, last_grads) + exposed(gather, buckets, forward / MS, last_gather)
         return (out + _adam_seconds(dense, expert, tr, dev)) * MS
 
     def tail_seconds(self, kinds: Mapping, stages: int, data_parallel: int) -> float:
@@ -113,7 +115,7 @@ def _reduced(dense: float, expert: float, tr: Training, device: Device) -> list[
     """``(parameters, links, ranks)`` of each data-parallel group that reduces gradients: dense
     weights over DP x CP, expert weights over their expert-data-parallel group."""
     return [(count, links(device, tr, group), size)
-            for count, group, size in ((dense, "dp", tr.dp * tr.cp), (expert, "edp", tr.expert_data_parallel))
+            for count, group, size in ((dense, "dpcp", tr.dp * tr.cp), (expert, "edp", tr.expert_data_parallel))
             if count and size > 1]
 
 
@@ -122,13 +124,14 @@ def _adam_seconds(dense: float, expert: float, tr: Training, device: Device) -> 
     return device.memory_seconds(ADAM_BYTES * (dense / tr.shards() + expert / max(tr.expert_data_parallel, 1)))
 
 
-def exposed(comm: float, buckets: float, window: float) -> float:
-    """Seconds of ``comm``, sent in ``buckets`` equal buckets, left over after a computation of
+def exposed(comm: float, buckets: float, window: float, last: float = 0.0) -> float:
+    """Seconds of ``comm``, sent in ``buckets`` buckets, left over after a computation of
     ``window`` seconds that readies the buckets at an even pace: the last bucket at least (it is
-    ready only when the computation ends), and all that does not fit beside the computation."""
+    ready only when the computation ends; ``last``, when the buckets differ, else their mean), and
+    all that does not fit beside the computation."""
     if comm <= 0 or buckets <= 0:
         return 0.0
-    return max(comm / buckets, comm - window * (buckets - 1) / buckets)
+    return max(comm / buckets, last, comm - window * (buckets - 1) / buckets)
 
 
 def options(cost: LayerCost, device: Device) -> list[LayerOption]:

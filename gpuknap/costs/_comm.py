@@ -16,7 +16,11 @@ bytes; each step also pays the link's latency.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
+from functools import lru_cache
+
+import numpy as np
 
 from ._devices import Device
 
@@ -145,6 +149,8 @@ class Training:
             return self.tp, self.cp
         if group == "dp":
             return self.tp * self.cp, self.dp
+        if group == "dpcp":  # the gradients' group: DP with CP folded in (Megatron's data-parallel-with-CP)
+            return self.tp, self.cp * self.dp
         if group == "pp":
             return self.stage_ranks, self.pp
         if group == "etp":
@@ -156,9 +162,66 @@ class Training:
         raise ValueError(f"unknown group {group!r}")
 
     def spans_nodes(self, group: str, gpus_per_node: int) -> bool:
-        """Whether the group's ranks are on more than one node."""
+        """Whether any of the group's instances has ranks on more than one node."""
+        return self.placement(group, gpus_per_node)[0]
+
+    def placement(self, group: str, gpus_per_node: int) -> tuple[bool, int, bool]:
+        """Where the group's instances sit on nodes of ``gpus_per_node`` GPUs (:func:`placement`)."""
         stride, size = self.stride(group)
-        return size > 1 and stride * size > gpus_per_node
+        return placement(stride, size, gpus_per_node, self.gpus)
+
+
+@lru_cache(maxsize=4096)
+def placement(stride: int, size: int, per_node: int, world: int) -> tuple[bool, int, bool]:
+    """Where the groups of ``size`` ranks ``stride`` apart sit on nodes of ``per_node`` consecutive
+    ranks, the groups tiling ``world`` ranks in blocks of ``stride * size`` (Megatron's rank
+    order): ``(spans, local, even)``.  ``spans``: some group has ranks on more than one node;
+    ``local``: the fewest ranks such a group has on one of its nodes (``size`` when none spans),
+    so its worst-placed rank has ``local - 1`` peers on its node and the node ``local`` ports for
+    the group; ``even``: every such group has ``local`` ranks on each of its nodes.  A node size
+    that does not align with a group's block leaves some groups straddling two nodes unevenly
+    (TP 4 on nodes of 6: ranks 4-7 on two nodes, two on each)."""
+    if size <= 1:
+        return False, size, True
+    if stride >= per_node:  # consecutive ranks of a group a node or more apart: one rank a node
+        return True, 1, True
+    span = stride * size
+    starts = np.zeros(per_node, dtype=bool)  # where in a node a group can start: each block's lanes
+    for k in range(min(max(1, world // span), per_node // math.gcd(span, per_node))):
+        at = k * span % per_node
+        starts[at:at + stride] = True
+        starts[:max(0, at + stride - per_node)] = True
+    at = np.flatnonzero(starts)
+    first = np.minimum(size, (per_node - at + stride - 1) // stride)  # ranks on the group's first node
+    crossing = first < size
+    if not crossing.any():
+        return False, size, True
+    at, first = at[crossing], first[crossing]
+    end = at + stride * (size - 1)  # the last rank, counted from the first node's start
+    last = size - ((end // per_node) * per_node - at + stride - 1) // stride  # ranks on its last node
+    low, high = _inner_counts(at, end // per_node, stride, per_node, size)
+    local = int(min(first.min(), last.min(), low))
+    even = bool((first == local).all() and (last == local).all() and low >= local and high <= local)
+    return True, local, even
+
+
+def _inner_counts(at: np.ndarray, nodes: np.ndarray, stride: int, per_node: int, size: int) -> tuple[int, int]:
+    """The fewest and most ranks on a node wholly inside a group (``size``, 0 when no group has
+    one), for groups starting ``at`` in their first node and ending in node ``nodes`` after it.
+    Such a node holds ``q = per_node // stride`` ranks, or ``q + 1`` when the distance from its
+    start to the group's next rank, ``(at - j * per_node) mod stride``, is under the remainder;
+    that distance repeats within ``stride`` nodes."""
+    keep = nodes >= 2
+    if not keep.any():
+        return size, 0
+    q, rem = divmod(per_node, stride)
+    if rem == 0:
+        return q, q
+    at, nodes = at[keep], nodes[keep]
+    j = np.arange(1, min(int(nodes.max()), stride + 1))
+    counts = q + ((at[:, None] - j[None, :] * per_node) % stride < rem)
+    inside = j[None, :] < nodes[:, None]
+    return int(counts[inside].min()), int(counts[inside].max())
 
 
 @dataclass(frozen=True)
@@ -171,7 +234,7 @@ class Links:
 
 #: Groups whose messages are NCCL collectives (rings): spanning nodes, their rings cross between
 #: nodes once per channel, over as many of the node's network ports as the group has ranks there.
-COLLECTIVE_GROUPS = frozenset({"tp", "etp", "dp", "edp"})
+COLLECTIVE_GROUPS = frozenset({"tp", "etp", "dp", "dpcp", "edp"})
 
 
 def links(device: Device, training: Training, group: str) -> Links:
@@ -179,11 +242,9 @@ def links(device: Device, training: Training, group: str) -> Links:
     network, at one port's bandwidth per rank of the group on a node for collectives (NCCL runs a
     ring per port), capped by the node's links, and at one port's for the rest (all-to-all, sends:
     each rank's own traffic leaves through its own port)."""
-    if training.spans_nodes(group, device.gpus_per_node):
-        ports = 1
-        if group in COLLECTIVE_GROUPS:
-            stride, size = training.stride(group)
-            ports = max(1, min(size, device.gpus_per_node // stride))
+    spans, local, _ = training.placement(group, device.gpus_per_node)
+    if spans:
+        ports = local if group in COLLECTIVE_GROUPS else 1
         bandwidth = min(ports * device.inter_bandwidth, max(device.intra_bandwidth, device.inter_bandwidth))
         return Links(bandwidth * device.link_efficiency, device.inter_latency)
     return Links(device.intra_bandwidth * device.link_efficiency, device.intra_latency)
@@ -213,12 +274,12 @@ def all_to_all_across(nbytes: float, device: Device, training: Training, group: 
     ``1/n`` of them, each peer's share on the path to that peer: within one node the node's links;
     spanning nodes, the ``local - 1`` peers on the rank's own node over the node's links and the
     ``n - local`` others over the rank's own network port, both at once (the longer one counts)."""
-    stride, n = training.stride(group)
+    _, n = training.stride(group)
     if n <= 1:
         return 0.0
-    if not training.spans_nodes(group, device.gpus_per_node):
+    spans, local, _ = training.placement(group, device.gpus_per_node)
+    if not spans:
         return all_to_all(nbytes, n, links(device, training, group))
-    local = max(1, min(n, device.gpus_per_node // stride))
     eff = device.link_efficiency
     near = (local - 1) / n * nbytes / (device.intra_bandwidth * eff) + (local - 1) * device.intra_latency
     far = (n - local) / n * nbytes / (device.inter_bandwidth * eff) + (n - local) * device.inter_latency
@@ -248,26 +309,28 @@ def flex_dispatch(token_bytes: float, top_k: int, experts: int, device: Device, 
     node, to each other rank it reaches (:func:`nodes_reached` with one rank a node) over the
     node's links; spanning nodes, over the rank's port once per other node holding one of its
     experts (:func:`nodes_reached`), and over NVLink to the other ranks it reaches on its own node
-    and, forwarded on arrival, on each node reached: both at once (the longer one counts)."""
-    stride, n = training.stride("ep")
+    and, forwarded on arrival, on each node reached: both at once (the longer one counts).  Its
+    kernels write to every peer at once, so each path pays one latency, not one per peer."""
+    _, n = training.stride("ep")
     if n <= 1:
         return 0.0
     ranks = nodes_reached(experts, top_k, n, 1)  # the other ranks a token reaches
-    if not training.spans_nodes("ep", device.gpus_per_node):
+    spans, local, even = training.placement("ep", device.gpus_per_node)
+    if not spans:
         link = links(device, training, "ep")
-        return token_bytes * ranks / link.bandwidth + (n - 1) * link.latency
-    local = max(1, min(n, device.gpus_per_node // stride))
-    if n % local or device.gpus_per_node % stride:
-        raise ValueError(f"training.dispatcher: the flex dispatcher is costed for EP groups of whole nodes, and EP "
-                         f"{n} spans nodes of {device.gpus_per_node} GPUs unevenly; use an EP size that is a multiple "
-                         "of the GPUs per node (or fits in one node), or the alltoall dispatcher")
+        return token_bytes * ranks / link.bandwidth + link.latency
+    if not even:
+        raise ValueError(f"training.dispatcher: the flex dispatcher is costed for EP groups with as many ranks on "
+                         f"each of their nodes, and EP {n} (ranks {training.stride('ep')[0]} apart) sits unevenly on "
+                         f"nodes of {device.gpus_per_node} GPUs; use an EP size that is a multiple of the GPUs per "
+                         "node (or fits in one node), or the alltoall dispatcher")
     eff = device.link_efficiency
     reached = nodes_reached(experts, top_k, n, local)
     # each of the n / local nodes' other local - 1 ranks is reached with the same chance, ranks / (n - 1):
     # the own node's directly, the others' forwarded by the rank that received the token there
     forwarded = token_bytes * ranks / (n - 1) * (local - 1) * (n // local)
-    near = forwarded / (device.intra_bandwidth * eff) + (local - 1) * device.intra_latency
-    far = token_bytes * reached / (device.inter_bandwidth * eff) + (n // local - 1) * device.inter_latency
+    near = forwarded / (device.intra_bandwidth * eff) + device.intra_latency * (local > 1)
+    far = token_bytes * reached / (device.inter_bandwidth * eff) + device.inter_latency
     return max(near, far)
 
 
