@@ -8,11 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from ._devices import plain_fields
+
 #: Largest size of any dimension (keeps every formula finite).
 MAX_SIZE = 10**7
 
 
 def _check_sizes(obj: object, where: str, optional: tuple = ()) -> None:
+    plain_fields(obj)
     for f in fields(obj):
         value = getattr(obj, f.name)
         if f.name in ("latent", "experts", "moe_layers"):

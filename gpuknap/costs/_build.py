@@ -111,6 +111,43 @@ class ModelCosts:
         return per_replica * self.micro_batches * self.training.dp
 
 
+def check_run(arch: Architecture, tr: Training, device: Device) -> None:
+    """Refuse (ValueError naming the field) arguments of the wrong type and parallel sizes Megatron
+    refuses for this shape: TP dividing the heads, the dense MLP width and the shared experts'
+    width; KV heads split or replicated evenly; EP dividing the experts, ETP their width, EP x
+    ETP the ranks of a stage; the sequence rule of CP and sequence parallelism."""
+    for name, value, kind in (("arch", arch, Architecture), ("tr", tr, Training), ("device", device, Device)):
+        if not isinstance(value, kind):
+            raise ValueError(f"{name} must be a gpuknap.costs.{kind.__name__}, got {type(value).__name__}")
+    t = tr.tp
+
+    def divides(size: int, what: str, of: int, field: str) -> None:
+        if of % size:
+            raise ValueError(f"tr.{what}={size} does not divide arch.{field}={of}")
+
+    divides(t, "tensor_parallel", arch.heads, "heads")
+    if arch.latent is None and arch.kv % t and t % arch.kv:
+        raise ValueError(f"arch.kv_heads: {arch.kv} KV heads cannot be split or replicated evenly over "
+                         f"tr.tensor_parallel={t}")
+    if arch.ffn and not all(arch.moe_layers or [False]):
+        divides(t, "tensor_parallel", arch.ffn, "ffn")
+    if arch.experts is None:
+        if tr.ep != 1 or tr.etp != t:
+            raise ValueError(f"tr.expert_parallel={tr.ep}, expert_tensor_parallel={tr.etp}: expert parallelism "
+                             "applies to MoE models only (arch.experts is None)")
+    else:
+        divides(tr.ep, "expert_parallel", arch.experts.experts, "experts.experts")
+        divides(tr.etp, "expert_tensor_parallel", arch.experts.ffn, "experts.ffn")
+        if arch.experts.shared_ffn:
+            divides(t, "tensor_parallel", arch.experts.shared_ffn, "experts.shared_ffn")
+        if tr.stage_ranks % (tr.ep * tr.etp):
+            raise ValueError(f"tr.expert_parallel x expert_tensor_parallel = {tr.ep * tr.etp} must divide the "
+                             f"{tr.stage_ranks} ranks of a pipeline stage (TP x CP x DP)")
+    rule = tr.sequence_rule()
+    if rule:
+        raise ValueError(f"tr: {rule}")
+
+
 def _reduced(dense: float, expert: float, tr: Training, device: Device) -> list[tuple]:
     """``(parameters, links, ranks)`` of each data-parallel group that reduces gradients: dense
     weights over DP x CP, expert weights over their expert-data-parallel group."""
@@ -230,7 +267,9 @@ def _mtp(arch: Architecture, tr: Training, device: Device, tail: LayerOption, co
 def build(arch: Architecture, tr: Training, device: Device, capacity: float, micro_batches: int,
           reserved: float) -> PipelineModel:
     """The :class:`PipelineModel` of a transformer (kinds ``embedding``, ``dense``, ``moe``,
-    ``output``; without a vocabulary only the decoder layers), with its :class:`ModelCosts`."""
+    ``output``; without a vocabulary only the decoder layers), with its :class:`ModelCosts`.
+    Sizes Megatron would refuse (:func:`check_run`) are refused."""
+    check_run(arch, tr, device)
     moe = [arch.is_moe(i) for i in range(arch.layers)]
     fronts, static, flops, params, expert = {}, {}, {}, {}, {}
     costs_of = {}

@@ -22,7 +22,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from ._devices import Device
+from ._devices import Device, plain_fields
 
 #: Most ranks in one parallel dimension.
 MAX_PARALLEL = 1 << 20
@@ -58,6 +58,7 @@ class Training:
     dispatcher: str = "alltoall"
 
     def __post_init__(self):
+        plain_fields(self)
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name == "dispatcher":

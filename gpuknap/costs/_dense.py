@@ -16,7 +16,7 @@ from ..search import PipelineModel
 from ._arch import Architecture
 from ._build import build
 from ._comm import Training
-from ._devices import Device, device
+from ._devices import Device, device, plain_fields
 
 #: Dense BF16 peak of an H100/H200 SXM (FLOP/s), the analytic models' device before presets existed.
 HOPPER_BF16_PEAK = 989e12
@@ -64,6 +64,7 @@ class TransformerConfig:
     tp_comm_overlap: bool = False
 
     def __post_init__(self):
+        plain_fields(self)
         for f in fields(self):
             value = getattr(self, f.name)
             if f.type in ("bool",):
@@ -127,8 +128,11 @@ class TransformerConfig:
 def transformer_model(c: TransformerConfig, capacity: float, micro_batches: int, reserved: float = 0.0,
                       dev: Device | None = None) -> PipelineModel:
     """A :class:`PipelineModel` of the transformer (embedding HEAD and output TAIL with a vocabulary);
-    ``dev`` replaces the config's device."""
-    return build(c.architecture(), c.training(), dev or c.device_of(), capacity, micro_batches, reserved)
+    ``dev`` (a Device or a preset name) replaces the config's device."""
+    if not isinstance(c, TransformerConfig):
+        raise ValueError(f"c must be a gpuknap.costs.TransformerConfig, got {type(c).__name__}")
+    return build(c.architecture(), c.training(), device(dev) if dev is not None else c.device_of(), capacity,
+                 micro_batches, reserved)
 
 
 PRESETS: Mapping[str, TransformerConfig] = {

@@ -18,6 +18,8 @@ import math
 from dataclasses import dataclass, fields, replace
 from typing import Any, Mapping
 
+import numpy as np
+
 from ..engine import short
 
 GB = 1e9
@@ -30,6 +32,26 @@ DEFAULT_EFFICIENCY = 0.73
 DEFAULT_MEMORY_EFFICIENCY = 0.9
 #: Share of a link's bandwidth NCCL's ring collectives reach (nccl-tests bus bandwidth, 8-GPU nodes).
 DEFAULT_LINK_EFFICIENCY = 0.8
+
+
+def plain(value: Any) -> Any:
+    """A NumPy scalar as the Python ``bool``, ``int`` or ``float`` it holds (a driver's
+    ``np.int64(8)`` reads as ``8``); anything else unchanged."""
+    if isinstance(value, np.bool_):
+        return bool(value)
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.floating):
+        return float(value)
+    return value
+
+
+def plain_fields(obj: Any) -> None:
+    """Replace a frozen dataclass's NumPy scalar fields by :func:`plain` ones, before they are checked."""
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        if plain(value) is not value:
+            object.__setattr__(obj, f.name, plain(value))
 
 
 def _finite(value: Any) -> bool:
@@ -62,6 +84,7 @@ class Device:
     link_efficiency: float = DEFAULT_LINK_EFFICIENCY
 
     def __post_init__(self):
+        plain_fields(self)
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"device.name must be a non-empty string, got {self.name!r}")
         for f in fields(self):

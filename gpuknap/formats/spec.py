@@ -17,6 +17,7 @@ from typing import Any, Mapping
 
 from ..costs import PRESETS, TransformerConfig, fixed, transformer_model
 from ..costs import device as costs_device
+from ..costs._devices import plain
 from ..engine import MEGABYTE, LayerOption
 from ..search import MAX_IN_FLIGHT, MAX_LAYERS, PipelineModel
 from . import hf, sapp_ppb
@@ -130,8 +131,9 @@ def _load(path: Any, capacity: Any, micro_batches: Any, stages: Any, bucket: Any
     if not isinstance(path, (str, os.PathLike)):
         raise ValueError(f"path: expected a file path, got {type(path).__name__}")
     path = os.fspath(path)
+    capacity, micro_batches, stages, bucket, reserved = map(plain, (capacity, micro_batches, stages, bucket, reserved))
     capacity, micro_batches, stages, bucket, reserved, training = check_arguments(
-        capacity, micro_batches, stages, bucket, reserved, training)
+        capacity, micro_batches, stages, bucket, reserved, {k: plain(v) for k, v in training.items()})
     data = read_document(path)
     f = Fields(path)
     f.mapping(data, "(top level)")

@@ -19,6 +19,7 @@ import socket
 from typing import Any, Mapping
 
 from ..costs import DISPATCHERS
+from ..costs._devices import plain
 from ..engine import MAX_TOP, MEGABYTE, check_int, check_max_bytes, get_backend
 from ..search import PipelineModel
 from ._cluster import Cluster, _distributed
@@ -146,6 +147,11 @@ def sweep(source: Any, grid: Mapping, *, gpus: int, global_batch: int, score: st
     this is refused (None: no limit and no pilot); so is a sweep of the ``top`` rows whose
     estimate after a round of its pruned search (:func:`._pace.check_pace`) is over it.
     """
+    gpus, global_batch, top, top_splits, max_bytes, time_unit, shards, gpus_per_node, efficiency, max_seconds = map(
+        plain, (gpus, global_batch, top, top_splits, max_bytes, time_unit, shards, gpus_per_node, efficiency,
+                max_seconds))  # NumPy scalars as the numbers they hold
+    if shards is not None:
+        shards = check_int(shards, "shards", 1)
     if score not in SCORES:
         raise ValueError(f"score must be one of {SCORES} for a sweep (every row carries its simulated time), "
                          f"got {score!r}")
