@@ -10,12 +10,15 @@ backward, recompute not counted) over the whole cluster.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 
-from ..schedule import chunk_times, iteration_time
+from ..engine import short
+from ..schedule import chunk_times, iteration_time, plan_options
+from ..search import PipelineModel
 from ._build import ModelCosts
 
 #: Components of a stage's time, in the order reports show them.
@@ -39,14 +42,23 @@ class Estimate:
 
 def estimate(model: Any, counts: Sequence[int], names: Sequence[str], chunks: int = 1) -> Estimate | None:
     """The :class:`Estimate` of a split whose layers run ``names`` (model order), or None when the
-    model has no cost model (a measured profile)."""
-    if getattr(model, "costs", None) is None:
+    model has no cost model (a measured profile).  ValueError naming ``model``, ``counts``,
+    ``chunks`` or ``names[i]`` for a plan that is not one of this model
+    (:func:`gpuknap.schedule.plan_options`)."""
+    _check_model(model)
+    times = chunk_times(model, counts, names, chunks)  # validates the plan, cost model or not
+    if model.costs is None:
         return None
-    p = len(counts) // chunks
-    times = chunk_times(model, counts, names, chunks)
+    p = len(times.forward)
     schedule = "interleaved" if chunks > 1 else "1f1b"
     span = iteration_time(times.forward, times.backward, model.micro_batches, schedule, pipeline_send(model, p))
     return run_of(model, counts, names, chunks, span)
+
+
+def _check_model(model: Any) -> PipelineModel:
+    if not isinstance(model, PipelineModel):
+        raise ValueError(f"model must be a PipelineModel, got {type(model).__name__}")
+    return model
 
 
 def pipeline_send(model: Any, stages: int) -> float:
@@ -60,7 +72,15 @@ def run_of(model: Any, counts: Sequence[int], names: Sequence[str], chunks: int,
     any simulation of it with :func:`pipeline_send`): each stage's busy time is its micro-batches'
     forward and backward times, the rest of the iteration its own tail and idle time (the sends'
     share of it, at most all of it, then the bubble, the wait for a later stage's tail included), so
-    every stage's parts sum to the iteration time."""
+    every stage's parts sum to the iteration time.  ValueError naming ``model``, ``counts``,
+    ``chunks``, ``names[i]`` or ``span`` (a finite time >= 0)."""
+    counts, options = plan_options(_check_model(model), counts, names, chunks)
+    if model.costs is None:
+        raise ValueError("model: a measured profile (costs is None) has no cost model to estimate a run with")
+    if isinstance(span, (bool, np.bool_)) or not isinstance(span, (int, float, np.integer, np.floating)) \
+            or not 0 <= span < math.inf:
+        raise ValueError(f"span must be a finite time >= 0, got {short(span)}")
+    span = float(span)
     costs: ModelCosts = model.costs
     unit = costs.time_unit
     p = len(counts) // chunks
@@ -69,13 +89,12 @@ def run_of(model: Any, counts: Sequence[int], names: Sequence[str], chunks: int,
     kinds: list[dict] = [{} for _ in range(p)]
     busy = [0.0] * p
     windows = [[0.0, 0.0] for _ in range(p)]  # one micro-batch's forward and backward on each stage
-    by_name = {kind: {getattr(o, "name", None): o for o in model.fronts[kind]} for kind in model.kind_order}
     m = model.micro_batches
     for i in range(len(counts)):
         s = i % p
         for layer in range(bounds[i], bounds[i + 1]):
             kind = model.kinds[layer]
-            option = by_name[kind][names[layer]]
+            option = options[layer]
             kinds[s][kind] = kinds[s].get(kind, 0) + 1
             busy[s] += m * (option.forward_time + option.backward_time) * unit
             windows[s][0] += option.forward_time

@@ -31,7 +31,9 @@ class LayerOption:
     ``(in_flight, bytes)`` corrections (0 for counts not listed).  ``parts``:
     how the forward plus backward time splits into components, as
     ``((name, time), ...)`` (``compute``, ``recompute``, ``tp``...), for reports;
-    the solvers never read it.
+    the solvers never read it.  Checked when built (ValueError naming the field): ``name`` a
+    non-empty str, the bytes finite and >= 0, the times from 0 to :data:`MAX_TIME`, each
+    in-flight count of ``excess`` once.
     """
 
     name: str
@@ -43,17 +45,28 @@ class LayerOption:
     parts: tuple = ()
 
     def __post_init__(self):
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"LayerOption.name must be a non-empty str, got {short(self.name)}")
         for name in ("per_micro_batch", "held_once"):
             if isinstance(getattr(self, name), bool):
                 raise ValueError(f"LayerOption.{name} must be a number of bytes, got {getattr(self, name)!r}")
+            if check_number(getattr(self, name), f"LayerOption.{name}") < 0:
+                raise ValueError(f"LayerOption.{name} must be >= 0 bytes, got {getattr(self, name)!r}")
+        for name in ("forward_time", "backward_time"):
+            check_time(getattr(self, name), f"LayerOption.{name}")
         excess = self.excess
         if isinstance(excess, (str, bytes)) or not hasattr(excess, "__iter__"):
             raise ValueError(f"LayerOption.excess must be a tuple of (in_flight, bytes) pairs, got {excess!r}")
         pairs = tuple(tuple(pair) if isinstance(pair, (list, tuple)) else pair for pair in excess)
+        seen: dict[int, int] = {}
         for i, pair in enumerate(pairs):
             if not (isinstance(pair, tuple) and len(pair) == 2) or any(isinstance(x, bool) for x in pair):
                 raise ValueError(f"LayerOption.excess must hold (in_flight, bytes) pairs of numbers, got {pair!r}")
-            check_int(pair[0], f"LayerOption.excess[{i}] in_flight", 1)
+            k = check_int(pair[0], f"LayerOption.excess[{i}] in_flight", 1)
+            if k in seen:  # memory() would read the first and ignore this one
+                raise ValueError(f"LayerOption.excess[{i}] in_flight {k} is also that of excess[{seen[k]}]; "
+                                 "give each in-flight count once")
+            seen[k] = i
             if not 0 <= check_number(pair[1], f"LayerOption.excess[{i}] bytes") <= MAX_BYTES:
                 raise ValueError(f"LayerOption.excess[{i}] bytes must be from 0 to {MAX_BYTES:g}, got {pair[1]!r}")
         object.__setattr__(self, "excess", pairs)  # a tuple of its own: the caller's list may change
@@ -119,8 +132,8 @@ def check_number(value: Any, field: str, *, allow_inf: bool = False) -> float:
     """A real number (not NaN; finite unless ``allow_inf``), else ValueError naming ``field``."""
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise ValueError(f"{field} must be a number, got {value!r}")
-    try:
-        value = value if isinstance(value, (float, np.floating)) else float(value)
+    try:  # a Python float: a NumPy scalar compared with a limit (1e200) would cast the limit, with a warning
+        value = float(value)
     except OverflowError:
         raise ValueError(f"{field} must be finite, got an integer of {int(value).bit_length()} bits") from None
     if math.isnan(value) or (not allow_inf and math.isinf(value)):
@@ -250,12 +263,12 @@ def option_times(kind: Hashable, options: Sequence[Any]) -> list[float]:
         except AttributeError as exc:
             raise ValueError(f"{where} is not an option (needs memory(k), forward_time, backward_time)") from exc
         for name, val in (("forward_time", fwd), ("backward_time", bwd)):
-            check_number(val, f"{where}.{name}")
-            if val < 0:
+            value = check_number(val, f"{where}.{name}")  # a Python float: no warning comparing with MAX_TIME
+            if value < 0:
                 raise ValueError(f"{where}.{name} must be >= 0, got {val!r}")
-            if val > MAX_TIME:
+            if value > MAX_TIME:
                 raise ValueError(f"{where}.{name} must be at most {MAX_TIME:g}, got {val!r}")
-        out.append(float(fwd + bwd))
+        out.append(float(fwd) + float(bwd))
     return out
 
 

@@ -39,6 +39,8 @@ def restrict(model: Any, framework_name: str) -> Any:
     full recompute), measured SAPP-PPB profiles MindFormers' five options (Megatron: full recompute)."""
     if framework_name not in EMITTERS:
         raise ValueError(f"framework_name: expected one of {', '.join(EMITTERS)}, got {framework_name!r}")
+    if not isinstance(model, PipelineModel):
+        raise ValueError(f"model must be a PipelineModel, got {type(model).__name__}")
     runs = RUNS[framework_name]["measured" if getattr(model, "costs", None) is None else "costed"]
     role = dict(zip(model.kinds, framework.roles(model)))
     fronts = {}
@@ -59,9 +61,12 @@ def emit(framework_name: str, model: Any, counts: Any, choice: Any = None, name:
          score: float | None = None, in_flight: Any = None, chunks: int = 1, names: Any = None, mtp: int = 0,
          notes: Any = ()) -> str:
     """The settings text of a split for ``framework_name``: its layers' options given as ``names``
-    (model order), or taken from a solved ``choice``; ``mtp`` MTP layers follow the decoder layers."""
+    (model order; each an option of its layer's kind), or taken from a solved ``choice``; ``mtp``
+    MTP layers follow the decoder layers; ``notes``: comment lines (a sequence of strings)."""
     if framework_name not in EMITTERS:
         raise ValueError(f"framework_name: expected one of {', '.join(EMITTERS)}, got {framework_name!r}")
+    if not isinstance(model, PipelineModel):
+        raise ValueError(f"model must be a PipelineModel, got {type(model).__name__}")
     if names is None:
         if choice is None:
             raise ValueError("choice: give the split's solved choice, or its option names (names=)")

@@ -19,7 +19,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..search import run_names
+from ..schedule import plan_options
+from ..search import PipelineModel, run_names
 
 EMBEDDING, DECODER, LOSS, MTP = "E", "t", "L", "m"
 
@@ -144,9 +145,16 @@ def framework_plan(model: Any, counts: Sequence[int], names: Sequence[str], chun
     """The :class:`FrameworkPlan` of a split whose layers run ``names`` (model order); ``mtp``
     multi-token-prediction layers follow the last decoder layer (frameworks place them; the cost
     model counts them with the output layer, on the last stage); ``notes`` become comment lines."""
+    if not isinstance(model, PipelineModel):
+        raise ValueError(f"model must be a PipelineModel, got {type(model).__name__}")
     counts = model.check_counts(list(counts), chunks)
+    if isinstance(names, (str, bytes)) or not isinstance(names, (Sequence, np.ndarray)):
+        raise ValueError(f"names must be a sequence of option names, one per layer, got {type(names).__name__}")
     if len(names) != model.layers:
         raise ValueError(f"names: {len(names)} option names for a model of {model.layers} layers")
+    plan_options(model, counts, names, chunks)  # each name an option of its layer's kind
+    if isinstance(notes, (str, bytes)) or not hasattr(notes, "__iter__"):
+        raise ValueError(f"notes must be a sequence of comment lines, got {type(notes).__name__}")
     if isinstance(mtp, bool) or not isinstance(mtp, int) or not 0 <= mtp <= 1000:
         raise ValueError(f"mtp: expected an integer from 0 to 1,000 MTP layers, got {mtp!r}")
     role = roles(model)

@@ -25,7 +25,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..engine import WorkTooLarge, max_cells
 from ._orders import _key, check_ops, check_schedule, levels, order, sequence
+
 #: Bytes of operation end times the batched simulator holds at once (pipelines are cut into chunks).
 BATCH_BYTES = 32 * 2**20
 
@@ -94,8 +96,9 @@ def _check(times: Any, name: str, stages: int | None) -> list[list[float]]:
     if not rows[0]:
         raise ValueError(f"{name} must have at least one chunk per stage, got empty rows")
     for s, row in enumerate(rows):
-        for c, t in enumerate(row):
-            if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+        for c, t in enumerate(row):  # NumPy scalars as iteration_times takes them (not bools, nor complex)
+            if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, float, np.integer, np.floating)) \
+                    or not math.isfinite(t) or t < 0:
                 raise ValueError(f"{name}[{s}][{c}] must be a finite time >= 0, got {t!r}")
     return [[float(t) for t in r] for r in rows]
 
@@ -134,8 +137,32 @@ def iteration_times(forward: np.ndarray, backward: np.ndarray, micro_batches: in
     before it on its stage, end of its input (+ p2p)) + its time``, as in :func:`simulate`,
     so each entry equals ``simulate(...).iteration_time`` exactly; operations run one
     wave at a time (:func:`._orders.levels`), every pipeline of the batch at once.  Times
-    must be finite and >= 0 (ValueError naming ``forward`` or ``backward``)."""
+    must be finite and >= 0, integers or floats (ValueError naming ``forward`` or ``backward``).
+    The whole batch's work, pipelines x operations each, is refused over the work limit
+    (:func:`gpuknap.engine.work_limit`, an operation of one pipeline counted as one DP cell:
+    about a minute) with :class:`gpuknap.engine.WorkTooLarge`, naming the largest batch that fits."""
+    return _iteration_times(forward, backward, micro_batches, schedule, p2p, group, True, True)
+
+
+def unbounded_iteration_times(forward: np.ndarray, backward: np.ndarray, micro_batches: int,
+                              schedule: str = "1f1b", p2p: float = 0.0, group: int | None = None) -> np.ndarray:
+    """:func:`iteration_times` without the batch's work limit: for the package's own callers
+    whose batches their own limits bound (a search's candidates, one pipeline)."""
     return _iteration_times(forward, backward, micro_batches, schedule, p2p, group, True)
+
+
+def check_batch(batch: int, ops: int) -> None:
+    """Refuse ``batch`` pipelines of ``ops`` operations each over the work limit (WorkTooLarge
+    naming the estimate and the largest batch that fits)."""
+    limit = max_cells()
+    if batch * ops <= limit:
+        return
+    fit = limit // ops
+    raise WorkTooLarge(f"forward and backward: {batch:,} pipelines x {ops:,} schedule operations each make "
+                       f"{batch * ops:.3g} operations to simulate, over the work limit of {limit:.3g} (one "
+                       f"operation of one pipeline counts as a DP cell); at most {fit:,} pipelines of this "
+                       "schedule fit: simulate the batch in parts, or raise the limit (gpuknap.work_limit)",
+                       batch * ops)
 
 
 #: Stages x chunks from which one pipeline's time is quicker by waves (:func:`iteration_times`) than by
@@ -148,10 +175,12 @@ def iteration_time(forward: Any, backward: Any, micro_batches: int, schedule: st
                    p2p: float = 0.0) -> float:
     """One pipeline's ``simulate(...).iteration_time`` (``forward[s][c]``, ``backward[s][c]``),
     bit for bit, by whichever simulator is quicker for its shape (:data:`WAVES_FROM`)."""
-    fwd = np.asarray(forward, dtype=np.float64)
-    if fwd.ndim == 2 and fwd.shape[0] * fwd.shape[1] >= WAVES_FROM:
-        return float(iteration_times(fwd[None], np.asarray(backward, dtype=np.float64)[None], micro_batches,
-                                     schedule, p2p)[0])
+    try:
+        fwd, bwd = np.asarray(forward), np.asarray(backward)
+    except (TypeError, ValueError):  # ragged: simulate names what is wrong
+        fwd = bwd = None
+    if fwd is not None and fwd.ndim == 2 and fwd.shape[0] * fwd.shape[1] >= WAVES_FROM and fwd.dtype.kind in "iuf":
+        return float(unbounded_iteration_times(fwd[None], bwd[None], micro_batches, schedule, p2p)[0])
     return simulate(forward, backward, micro_batches, schedule, p2p).iteration_time
 
 
@@ -164,8 +193,8 @@ def bound_iteration_times(forward: np.ndarray, backward: np.ndarray, micro_batch
 
 
 def _iteration_times(forward: Any, backward: Any, micro_batches: Any, schedule: Any, p2p: Any, group: Any,
-                     strict: bool) -> np.ndarray:
-    fwd, bwd = _times(forward, "forward", strict), _times(backward, "backward", strict)
+                     strict: bool, bounded: bool = False) -> np.ndarray:
+    fwd, bwd = _array(forward, "forward"), _array(backward, "backward")  # their values once the work is known
     if fwd.ndim != 3 or fwd.shape != bwd.shape:
         raise ValueError("forward and backward must be [batch, stages, chunks] arrays of one shape, got shapes "
                          f"{fwd.shape} and {bwd.shape}")
@@ -174,10 +203,13 @@ def _iteration_times(forward: Any, backward: Any, micro_batches: Any, schedule: 
         raise ValueError(f"forward and backward must have at least one stage and one chunk, got shape {fwd.shape}")
     _check_p2p(p2p)
     check_schedule(schedule, p, v, micro_batches, group)
-    check_ops(p, v, micro_batches)
+    ops = check_ops(p, v, micro_batches)
     micro_batches = int(micro_batches)
     if batch == 0:
         return np.zeros(0)
+    if bounded:
+        check_batch(batch, ops)
+    fwd, bwd = _times(fwd, "forward", strict), _times(bwd, "backward", strict)
     n, plan, joined = _wave_plan(*_key(schedule, p, v, micro_batches, group))
     step = max(1, BATCH_BYTES // (8 * (n + 1)))
     out = np.empty(batch)
@@ -209,13 +241,21 @@ def _wave_plan(schedule: str, p: int, v: int, m: int, group: int | None) -> tupl
     return n, tuple(plan), _joined(plan)
 
 
-def _times(values: Any, name: str, strict: bool = True) -> np.ndarray:
-    """A float array of finite times >= 0 (``strict``), else of times that are not NaN
-    (ValueError naming ``name``)."""
+def _array(values: Any, name: str) -> np.ndarray:
+    """``values`` as an integer or float array, not read yet (ValueError naming ``name``)."""
     try:
-        arr = np.asarray(values, dtype=np.float64)
+        arr = np.asarray(values)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{name} must be an array of times: {exc}") from None
+    if arr.dtype.kind not in "iuf":  # not bools, complex numbers (their imaginary part lost), strings, objects
+        raise ValueError(f"{name} must hold real times (integers or floats), got dtype {arr.dtype}")
+    return arr
+
+
+def _times(arr: np.ndarray, name: str, strict: bool = True) -> np.ndarray:
+    """An :func:`_array` as floats, of finite times >= 0 (``strict``), else of times that are not
+    NaN (ValueError naming ``name``)."""
+    arr = arr.astype(np.float64, copy=False)
     if strict and arr.size and not (np.isfinite(arr).all() and (arr >= 0).all()):
         bad = arr[~(np.isfinite(arr) & (arr >= 0))][0]
         raise ValueError(f"{name} must hold finite times >= 0, got {float(bad)!r}")

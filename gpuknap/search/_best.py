@@ -157,6 +157,8 @@ def check_exclusive(model: PipelineModel, exclusive: Any) -> tuple:
                 raise ValueError(f"exclusive: unknown option name {name!r}"
                                  + (f" (did you mean {near[0]!r}?)" if near else "")
                                  + f"; the model's options are {', '.join(known)}"[:400])
+        if pair[0] == pair[1]:  # would forbid the option outright, not keep two apart
+            raise ValueError(f"exclusive: {pair!r} names one option twice; a pair keeps two options apart")
         pairs.append(pair)
     return tuple(pairs)
 

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..engine import MEGABYTE, Layers, Planner, Stage, WorkTooLarge
-from ..schedule import iteration_times
+from ..schedule import unbounded_iteration_times
 from ._classify import kind_counts
 from ._patterns import (GROUPED, Layout, Pattern, Rule, _score, decoder_kinds, framework_rule, in_order, run_names,
                         with_grouped)
@@ -192,8 +192,8 @@ class Rows:
                                 np.inf)
         out = np.full(len(times), np.inf)
         if ok.any():
-            out[ok] = iteration_times(fwd[ok], bwd[ok], self.model.micro_batches,
-                                      "interleaved" if self.v > 1 else "1f1b")
+            out[ok] = unbounded_iteration_times(fwd[ok], bwd[ok], self.model.micro_batches,
+                                                "interleaved" if self.v > 1 else "1f1b")
         return out
 
     def evaluate(self, rows: np.ndarray) -> tuple[np.ndarray, list]:

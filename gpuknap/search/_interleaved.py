@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from ..schedule import chunk_times, iteration_times
+from ..schedule import chunk_times, unbounded_iteration_times
 from ._segments import SegmentTable
 from ._tupleplan import TupleMemo, tuples
 
@@ -249,7 +249,7 @@ def simulated_rows(model: Any, rows: np.ndarray, chunks: int, bucket: float, bac
         times = chunk_times(model, counts, model.option_names(counts, ranking.choice(i), in_flight, chunks), chunks)
         fwd[n], bwd[n] = times.forward, times.backward
     if len(ok):
-        out[ok] = iteration_times(fwd, bwd, model.micro_batches, "interleaved" if chunks > 1 else "1f1b")
+        out[ok] = unbounded_iteration_times(fwd, bwd, model.micro_batches, "interleaved" if chunks > 1 else "1f1b")
     return out
 
 

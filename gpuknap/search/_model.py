@@ -40,6 +40,7 @@ from ..engine import (
     own_fronts,
     paused_collection,
     pp_lite,
+    short,
 )
 from ..schedule import in_flight_table
 from ._classify import kind_counts
@@ -53,6 +54,21 @@ STAGE_CACHE = 1 << 18
 MAX_IN_FLIGHT = 1_000_000
 #: Rows of a splits array validated at a time.
 SPLIT_BLOCK = 1 << 15
+
+
+def _distinct_names(kind: Hashable, options: Sequence) -> None:
+    """ValueError naming the option when two options of ``kind`` share a name (a plan names each
+    layer's option: the timelines, estimates and settings read it back by name)."""
+    seen: dict = {}
+    for j, option in enumerate(options):
+        name = getattr(option, "name", None)
+        try:
+            first = seen.setdefault(name, j) if name is not None else j
+        except TypeError:  # an unhashable name of an option-like object: nothing can look it up
+            raise ValueError(f"fronts[{kind!r}][{j}].name must be hashable, got {short(name)}") from None
+        if first != j:
+            raise ValueError(f"fronts[{kind!r}][{j}].name: {short(name)} is also the name of fronts[{kind!r}]"
+                             f"[{first}]; names must differ")
 
 
 @dataclass(frozen=True)
@@ -99,6 +115,7 @@ class PipelineModel:
             if kind not in self.fronts:
                 raise ValueError(f"kind {kind!r} is missing from fronts")
             option_times(kind, self.fronts[kind])  # options and their times now; memory per count on use
+            _distinct_names(kind, self.fronts[kind])
             if kind not in self.static:
                 raise ValueError(f"kind {kind!r} is missing from static")
             value = check_number(self.static[kind], f"static[{kind!r}]")

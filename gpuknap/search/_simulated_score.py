@@ -8,7 +8,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..schedule import iteration_times
+from ..schedule import unbounded_iteration_times
 from ._partial import Bounds
 from ._rounds import Unfinished
 from ._segments import SegmentTable, segment_rooms
@@ -54,7 +54,7 @@ def _ranked(B: Bounds, splits: np.ndarray, top: int, micro_batches: int,
                 cache[key] = stage_times(s, a, a + n)
             fb[i, s] = cache[key]
             a += n
-    exact = iteration_times(fb[:, :, 0:1], fb[:, :, 1:2], micro_batches)
+    exact = unbounded_iteration_times(fb[:, :, 0:1], fb[:, :, 1:2], micro_batches)
     stage = B.times(splits)[0]
     ranked = sorted(range(len(splits)), key=lambda i: tie_key(float(exact[i]), stage[i], splits[i]))
     return [(tuple(splits[i].tolist()), float(exact[i])) for i in ranked[:top]]

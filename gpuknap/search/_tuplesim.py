@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from ..engine import Layers, Planner, Stage, report
-from ..schedule import iteration_times, schedule_table
+from ..schedule import schedule_table, unbounded_iteration_times
 from ._classify import kind_counts
 from ._interleaved import TupleMemo, plan_tuples
 from ._rounds import Solver
@@ -163,8 +163,8 @@ def top_interleaved_simulated(model: Any, p: int, chunks: int, top: int, table: 
         leaves.clear()
         if fresh:
             fb = np.array([f for _, f in fresh])  # [B, P, 2, chunks]
-            for (counts, _), value in zip(fresh, iteration_times(fb[:, :, 0], fb[:, :, 1], m, "interleaved",
-                                                                 group=group).tolist()):
+            values = unbounded_iteration_times(fb[:, :, 0], fb[:, :, 1], m, "interleaved", group=group)
+            for (counts, _), value in zip(fresh, values.tolist()):
                 found[counts] = value
             tau = kth()
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..engine import PipelineChoice, Planner, paused_collection, report
 from ..costs import pipeline_send, run_of
-from ..schedule import chunk_times, iteration_times
+from ..schedule import chunk_times, unbounded_iteration_times
 from ..search import (
     SegmentSource,
     Solver,
@@ -259,7 +259,7 @@ def _simulate_rows(rows: list, global_batch: int, time_unit: float, tokens: Any)
     for (p, v, m, send), members in groups.items():
         fwd = np.array([r["_times"].forward for r in members], dtype=np.float64)
         bwd = np.array([r["_times"].backward for r in members], dtype=np.float64)
-        times = iteration_times(fwd, bwd, m, "interleaved" if v > 1 else "1f1b", send)
+        times = unbounded_iteration_times(fwd, bwd, m, "interleaved" if v > 1 else "1f1b", send)  # a sweep is paced itself
         for r, t in zip(members, times.tolist()):
             r["idle_share"] = idle_share(r["_times"].forward, r["_times"].backward, m, t)
             del r["_times"]

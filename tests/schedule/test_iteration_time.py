@@ -15,8 +15,8 @@ def test_iteration_time_equals_the_event_simulator(p, v, m, monkeypatch):
     fwd, bwd = rng.random((p, v)) * 3, rng.random((p, v)) * 7
     schedule = "1f1b" if v == 1 else "interleaved"
     calls = []
-    batched = _simulate.iteration_times
-    monkeypatch.setattr(_simulate, "iteration_times", lambda *a, **k: calls.append(1) or batched(*a, **k))
+    batched = _simulate.unbounded_iteration_times
+    monkeypatch.setattr(_simulate, "unbounded_iteration_times", lambda *a, **k: calls.append(1) or batched(*a, **k))
     for p2p in (0.0, 0.3):
         want = simulate(fwd.tolist(), bwd.tolist(), m, schedule, p2p).iteration_time
         assert iteration_time(fwd.tolist(), bwd.tolist(), m, schedule, p2p) == want
