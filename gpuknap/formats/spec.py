@@ -58,6 +58,8 @@ def _option(f: Fields, o: Any, ow: str, j: int) -> LayerOption:
                                               f"({k} x memory + held_once - excess < 0)")
         excess.append((k, nbytes))
     name = f.text(o["name"], f"{ow}.name") if "name" in o else f"option{j}"
+    if not name:
+        raise f.fail(f"{ow}.name", "an option's name must not be empty")
     return LayerOption(name, memory, f.quantity(o["forward"], f"{ow}.forward", "ms"),
                        f.quantity(o["backward"], f"{ow}.backward", "ms"), held, tuple(excess))
 

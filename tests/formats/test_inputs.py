@@ -119,6 +119,7 @@ def test_one_unit_rule_refuses_bits_and_ambiguous_case(text, words):
     (lambda d: d.update(bucket="0 MiB"), "bucket"),
     (lambda d: d.update(colour="blue"), "unknown field"),
     (lambda d: d["kinds"]["BODY"].update(static="-1 MB"), "kinds.BODY.static"),
+    (lambda d: d["kinds"]["BODY"]["options"][0].update(name=""), "kinds.BODY.options[0].name"),
 ])
 def test_bad_spec_names_file_and_field(tmp_path, edit, field):
     data = json.load(open(os.path.join(EXAMPLES, "demo.json")))
