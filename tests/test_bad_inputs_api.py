@@ -337,9 +337,9 @@ for label, name, text in (("one byte over", "run.sh", "#" * (MAX_SETTINGS_BYTES 
                           ("a 1 MB JSON", "mf.json", "[" + "1," * (2**19) + "1]")):
     cli(f"rank --from {label}", ["rank", DEMO, "--from", "{f}"], ["{f}", f"{MAX_SETTINGS_BYTES:,} bytes"], {name: text})
 cli("Megatron file without the layout flag", ["rank", DEMO, "--from", "{f}"],
-    ["{f}", "--pipeline-model-parallel-layout"], {"run.sh": "--num-layers 96\n--pipeline-model-parallel-size 2\n"})
+    ["{f}", "--pipeline-model-parallel-layout"], {"run.sh": "--num-layers 96\n--pipeline-model-parallel-size 5\n"})
 cli("Megatron file opening with a brace", ["rank", DEMO, "--from", "{f}"], ["{f}", "--pipeline-model-parallel-layout"],
-    {"run.json": "{\n--num-layers 96\n--pipeline-model-parallel-size 2\n"})
+    {"run.json": "{\n--num-layers 96\n--pipeline-model-parallel-size 5\n"})
 # a note (--dp not given) is held while the command runs: a refusal stays one line
 cli("config without --dp or --stages", ["best", "{f}", "--micro-batches", "8", "--seq", "4096"], ["--stages"],
     {"config.json": _config("llama")})
@@ -455,7 +455,7 @@ MF16 = "parallel_config: {pipeline_stage: 16, micro_batch_num: 32}\nmodel: {mode
 LAYOUT = '"Et*6|(t*6|)*14t*6L"'
 TORCHRUN = ("#!/bin/bash\ntorchrun --nproc_per_node 8 pretrain_gpt.py \\\n    --num-layers 96 \\\n"
             f"    --pipeline-model-parallel-size 16 \\\n    --pipeline-model-parallel-layout {LAYOUT} \\\n"
-            "    --micro-batch-size 1\n")
+            "    --micro-batch-size 1 --bf16\n")
 
 
 @pytest.mark.parametrize("name, text, framework", [

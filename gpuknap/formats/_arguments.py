@@ -40,6 +40,29 @@ READ = {
     "--microbatch-group-size-per-virtual-pipeline-stage": 1, "--optimizer": 1, "--use-megatron-fsdp": 0,
     "--use-torch-fsdp2": 0, "--step-batch-size-schedule": 1, "--rampup-batch-size": "*",
     "--decrease-batch-size-if-needed": 0, "--eval-global-batch-size": 1,
+    # precision, offloading and kernels: read to refuse what the cost model does not model (_megatron_run.py)
+    "--bf16": 0, "--fp16": 0, "--fp8-format": 1, "--fp4-format": 1, "--grad-reduce-in-bf16": 0,
+    "--accumulate-allreduce-grads-in-fp32": 0, "--main-grads-dtype": 1, "--main-params-dtype": 1,
+    "--exp-avg-dtype": 1, "--exp-avg-sq-dtype": 1, "--use-precision-aware-optimizer": 0,
+    "--optimizer-cpu-offload": 0, "--cpu-offloading": 0, "--cpu-offloading-num-layers": 1,
+    "--fine-grained-activation-offloading": 0, "--attention-backend": 1, "--transformer-impl": 1,
+}
+#: Recompute flags of older Megatron versions, which Megatron now refuses (``--checkpoint-activations``
+#: is defined only for ``arguments.py`` to exit on it; the others are no longer defined): their
+#: meaning, and what to write instead.
+DEPRECATED = {
+    "--checkpoint-activations": "older Megatron's full recompute of every layer; Megatron now exits on it "
+                                "(arguments.py validate_args): write --recompute-granularity full "
+                                "--recompute-method uniform --recompute-num-layers 1",
+    "--checkpoint-num-layers": "older Megatron's layers per recompute group (with --checkpoint-activations); no "
+                               "longer a flag: write --recompute-num-layers with --recompute-granularity full "
+                               "and --recompute-method",
+    "--activations-checkpoint-method": "older Megatron's full recompute method; no longer a flag: write "
+                                       "--recompute-granularity full --recompute-method (uniform or block)",
+    "--activations-checkpoint-num-layers": "older Megatron's full recompute layer count; no longer a flag: write "
+                                           "--recompute-num-layers with --recompute-granularity full",
+    "--distribute-checkpointed-activations": "the old name of --distribute-saved-activations (no longer a flag), "
+                                             "which gpuknap does not model",
 }
 #: A word naming one of Megatron's training programs: a file that runs one is a whole launch.
 LAUNCH = "(launch)"
@@ -67,6 +90,11 @@ KNOWN = {
     "--fp8-param-gather", "--fp4-param-gather",
     # arguments.py: deprecated, ignored with a warning on a GPT model (the non-hybrid branch of validate_args)
     "--mtp-hybrid-override-pattern",
+    # beside the precision, offloading and kernel flags read to be refused (arguments.py and the configs
+    # its flags come from: model_parallel_config.py, transformer_config.py, the checkpoint and DDP configs)
+    "--ckpt-format", "--cpu-offloading-weights", "--cpu-offloading-activations", "--cpu-offloading-double-buffering",
+    "--kitchen-attention-backend", "--grad-reduce-in-fp32", "--grad-dtype", "--params-dtype", "--param-dtype",
+    "--disable-moe-grouped-gemm",
 }
 #: Names that look like Megatron flags but are not (its parser refuses them), with what to write.
 NOT_FLAGS = {
@@ -109,6 +137,8 @@ def arguments(text: str, path: str) -> dict[str, tuple[list[str], int]]:
         if word is None or not word.startswith("--") or word == "--":
             continue
         flag, eq, value = word.partition("=")
+        if flag in DEPRECATED:
+            raise ValueError(f"{path}: line {line}: {flag}: {DEPRECATED[flag]}")
         if flag in NOT_FLAGS:
             raise ValueError(f"{path}: line {line}: {flag} is not a Megatron flag (its parser refuses it): "
                              f"{NOT_FLAGS[flag]}")

@@ -37,7 +37,7 @@ import re
 from typing import Any
 
 from ._arguments import LAUNCH, UNSEEN
-from ._megatron_run import batches, refuse, sharding
+from ._megatron_run import batches, default_layout, precision, refuse, sharding
 
 #: Flags Megatron refuses beside a layout (arguments.py and transformer_config.py).
 LAYOUT_CONFLICTS = ("--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank",
@@ -126,12 +126,10 @@ def check_arguments(args: dict, path: str) -> dict:
     if "--window-size" in args:  # without a window the frequency changes nothing
         refuse(args, "--window-attn-skip-freq", path, "some layers then attend to the whole sequence and others "
                                                        "through the window, which gpuknap does not model")
-    if "--pipeline-model-parallel-layout" not in args:
-        raise ValueError(f"{path}: --pipeline-model-parallel-layout: missing; gpuknap reads a Megatron split from "
-                         "its layout (the even split and --decoder-first/last-pipeline-num-layers are not read)")
-    for flag in LAYOUT_CONFLICTS:
-        refuse(args, flag, path, "Megatron refuses it beside --pipeline-model-parallel-layout (the layout sets "
-                                  "every stage and virtual stage); remove it")
+    if "--pipeline-model-parallel-layout" in args:
+        for flag in LAYOUT_CONFLICTS:
+            refuse(args, flag, path, "Megatron refuses it beside --pipeline-model-parallel-layout (the layout sets "
+                                      "every stage and virtual stage); remove it")
     num_layers = _int(args, "--num-layers", path)
     if num_layers is None:
         raise ValueError(f"{path}: --num-layers: missing (Megatron checks the layout's decoder layers against it)")
@@ -183,6 +181,9 @@ def check_arguments(args: dict, path: str) -> dict:
             run[key] = True if kind is bool else _int(args, flag, path)
         elif whole and key in ("sequence_parallel", "distributed_optimizer"):
             run[key] = False  # a switch a whole run leaves out is off: Megatron's default
+    if whole and "--micro-batch-size" not in args:  # arguments.py validate_args asserts it
+        raise ValueError(f"{path}: --micro-batch-size: missing; Megatron refuses a run without it (arguments.py: "
+                         "assert args.micro_batch_size is not None)")
     if whole:
         _defaults(args, run, notes, path)
     batches(args, run, notes, path)
@@ -216,6 +217,7 @@ def check_arguments(args: dict, path: str) -> dict:
     if dispatcher is not None or whole:  # transformer_config.py: allgather unless given
         run["moe_dispatcher"] = dispatcher or "default"
     sharding(args, path, whole)
+    precision(args, path, whole)
     if whole:  # said by the command, which knows whether the run has data parallelism
         run["overlap_grad_reduce"] = "--overlap-grad-reduce" in args
     window = _window(args, path)
@@ -231,8 +233,18 @@ def check_arguments(args: dict, path: str) -> dict:
         refuse(args, "--recompute-num-layers", path, f"{num} with --recompute-method uniform and --mtp-num-layers: "
                 "Megatron's MTP layer recomputes only groups of 1 (multi_token_prediction.py asserts "
                 "recompute_num_layers == 1)")
-    return {"stages": _int(args, "--pipeline-model-parallel-size", path) or 1,
-            "layout": args["--pipeline-model-parallel-layout"][0][0], "num_layers": num_layers, "mtp": mtp,
+    stages = _int(args, "--pipeline-model-parallel-size", path) or 1
+    if "--pipeline-model-parallel-layout" in args:
+        layout, flag = args["--pipeline-model-parallel-layout"][0][0], "--pipeline-model-parallel-layout"
+    else:  # Megatron's split without a layout (transformer_block.py get_num_layers_to_build)
+        flag = "the split Megatron runs without --pipeline-model-parallel-layout"
+        layout = default_layout(num_layers, stages, mtp, _int(args, "--decoder-first-pipeline-num-layers", path),
+                                _int(args, "--decoder-last-pipeline-num-layers", path),
+                                "--account-for-embedding-in-pipeline-split" in args,
+                                "--account-for-loss-in-pipeline-split" in args,
+                                _int(args, "--num-layers-per-virtual-pipeline-stage", path),
+                                _int(args, "--num-virtual-stages-per-pipeline-rank", path), f"{path}: {flag}")
+    return {"stages": stages, "layout": layout, "layout_flag": flag, "num_layers": num_layers, "mtp": mtp,
             "granularity": granularity, "modules": list(modules) if granularity == "selective" else [],
             "method": method if granularity == "full" else None, "num": num if granularity == "full" else 0,
             "run": run, "overlap": "--no-overlap-p2p-communication" not in args, "notes": notes,
@@ -266,7 +278,7 @@ def _group(args: dict, path: str) -> tuple[int, int] | None:
 
 def check_layout(segments: tuple, values: dict, path: str) -> None:
     """Megatron's layout checks (pipeline_parallel_layer_layout.py and the interleaving rule)."""
-    where = f"{path}: --pipeline-model-parallel-layout"
+    where = f"{path}: {values.get('layout_flag', '--pipeline-model-parallel-layout')}"
     p, flat = values["stages"], "".join(segments)
     v = len(segments) // p
     if not flat.startswith("E") or flat.count("E") != 1:
@@ -314,7 +326,7 @@ def run_flags(run: Any) -> list[str]:
         if dispatcher == "flex":  # DeepEP, Megatron's default flex backend (HybridEP costs the same)
             out.append("--moe-flex-dispatcher-backend deepep")
     out += [f"--micro-batch-size {run.micro_batch}", f"--global-batch-size {run.global_batch}",
-            f"--seq-length {run.seq}"]
+            f"--seq-length {run.seq}", "--bf16"]  # bf16 weights, fp32 gradients: what the cost model costs
     if run.distributed_optimizer:
         out.append("--use-distributed-optimizer")
     if run.dp * run.cp > 1 or run.tp * run.cp * run.dp > run.ep * run.etp:  # the costs overlap DP communication

@@ -6,6 +6,10 @@ evaluation batch checked before any rounding) and
 ``--decrease-batch-size-if-needed`` rounding the batch down to a multiple of micro-batch size x DP).
 The optimizer and its sharding: ``--overlap-param-gather`` checked as ``arguments.py`` checks it,
 then Megatron FSDP, PyTorch FSDP2 and optimizers other than Adam refused (not modelled).
+Precision, offloading and kernels (:func:`precision`): a whole run without ``--bf16`` or
+``--fp16`` trains in fp32 (``arguments.py``, ``params_dtype``); fp16 without fp32 gradient
+accumulation, bf16 gradients, low-precision optimizer state, FP8/FP4, CPU offloading and attention
+that stores its scores are refused as not modelled.
 """
 from __future__ import annotations
 
@@ -95,3 +99,147 @@ def sharding(args: dict, path: str, whole: bool) -> None:
     if optimizer != OPTIMIZER:
         refuse(args, "--optimizer", path, f"{optimizer}: gpuknap costs Adam's state and step (Megatron's default, "
                                            f"--optimizer {OPTIMIZER}); other optimizers are not modelled")
+
+
+#: Precision-aware optimizer dtypes (arguments.py, "Args of precision-aware optimizer"): gpuknap
+#: costs fp32 main gradients, main parameters and Adam moments, each flag's default.
+FP32_ONLY = ("--main-grads-dtype", "--main-params-dtype", "--exp-avg-dtype", "--exp-avg-sq-dtype")
+#: TransformerConfig.attention_backend (transformer/enums.py AttnBackend) and the backends that
+#: never store the attention scores (what gpuknap costs: docs/costs.md, flash attention).
+ATTENTION_BACKENDS = ("flash", "fused", "unfused", "local", "auto")
+STORES_SCORES = ("unfused", "local")
+TRANSFORMER_IMPLS = ("transformer_engine", "local", "inference_optimized")
+
+
+def precision(args: dict, path: str, whole: bool) -> None:
+    """Precision, offloading and kernel flags that change memory or time, refused unless gpuknap's
+    cost model runs them as it costs: bf16 parameters with fp32 gradients, main parameters and Adam
+    moments on the device, activations on the device, attention that stores no scores."""
+    if "--bf16" in args and "--fp16" in args:  # arguments.py asserts not both
+        refuse(args, "--fp16", path, "Megatron refuses it beside --bf16 (arguments.py asserts one of them)")
+    if whole and "--bf16" not in args and "--fp16" not in args:
+        raise ValueError(f"{path}: neither --bf16 nor --fp16: Megatron then trains in fp32 (arguments.py: "
+                         "params_dtype is torch.float unless one is given), which gpuknap does not model (it costs "
+                         "bf16 weights and activations with fp32 gradients); add --bf16")
+    if "--fp16" in args and "--accumulate-allreduce-grads-in-fp32" not in args:
+        refuse(args, "--fp16", path, "Megatron then keeps and reduces the gradients in fp16 (arguments.py forces "
+                                     "fp32 gradients only under --bf16), which gpuknap does not model (it costs "
+                                     "fp32 gradients); use --bf16, or add --accumulate-allreduce-grads-in-fp32")
+    refuse(args, "--grad-reduce-in-bf16", path, "keeps and reduces the gradients in bf16 (arguments.py turns fp32 "
+                                                "accumulation off), which gpuknap does not model (it costs fp32 "
+                                                "gradients)")
+    for flag in FP32_ONLY:
+        if flag in args and args[flag][0][0] != "fp32":
+            refuse(args, flag, path, f"{args[flag][0][0]}: not modelled; gpuknap costs fp32 main gradients, main "
+                                     "parameters and Adam moments (the default, fp32)")
+    for flag in ("--fp8-format", "--fp4-format"):
+        refuse(args, flag, path, f"{args[flag][0][0] if flag in args else ''}: {flag[2:5].upper()} training "
+                                 "(Transformer Engine's low-precision GEMMs and their weight copies) is not "
+                                 "modelled; gpuknap costs bf16 GEMMs")
+    refuse(args, "--optimizer-cpu-offload", path, "keeps optimizer state on the CPU and steps it there, which "
+                                                  "gpuknap does not model (it costs the optimizer on the device)")
+    for flag in ("--cpu-offloading", "--fine-grained-activation-offloading"):
+        refuse(args, flag, path, "offloads activations to the CPU, which gpuknap does not model (it keeps every "
+                                 "saved activation on the device)")
+    if "--attention-backend" in args:
+        backend = args["--attention-backend"][0][0]
+        if backend not in ATTENTION_BACKENDS:
+            refuse(args, "--attention-backend", path, f"{backend!r} is not one of Megatron's "
+                                                      f"({', '.join(ATTENTION_BACKENDS)}; transformer/enums.py)")
+        if backend in STORES_SCORES:
+            refuse(args, "--attention-backend", path, f"{backend}: stores the attention scores and softmax (no "
+                                                      "flash attention), which gpuknap does not model; use flash, "
+                                                      "fused or auto (the default)")
+    if "--transformer-impl" in args:
+        impl = args["--transformer-impl"][0][0]
+        if impl not in TRANSFORMER_IMPLS:
+            refuse(args, "--transformer-impl", path, f"{impl!r} is not one of Megatron's "
+                                                     f"({', '.join(TRANSFORMER_IMPLS)}; transformer_config.py)")
+        if impl != "transformer_engine":
+            refuse(args, "--transformer-impl", path, f"{impl}: Megatron's own layers (local attention stores the "
+                                                     "scores; no fused kernels) are not modelled; gpuknap costs "
+                                                     "Transformer Engine's, the default")
+
+
+def default_layout(layers: int, pp: int, mtp: int, first: int | None, last: int | None, embedding: bool,
+                   loss: bool, per_virtual: int | None, virtual: int | None, where: str) -> str:
+    """The layout Megatron runs without ``--pipeline-model-parallel-layout`` (``E``, ``t``, ``m``, ``L``
+    and ``|`` as :func:`gpuknap.formats.megatron.parse_layout` reads them), checked as Megatron
+    checks it: ``arguments.py`` (``validate_args``: the virtual-stage size from
+    ``--num-layers-per-virtual-pipeline-stage`` or ``--num-virtual-stages-per-pipeline-rank``,
+    divisibility), ``transformer_config.py`` (``__post_init__``: the uneven first/last stage checks)
+    and ``transformer_block.py`` (``get_num_layers_to_build``: layers per pipeline rank, divided over
+    its virtual stages, one less on the first (last) virtual stage of the first (last) rank when the
+    embedding (loss) is accounted for).  ``layers`` decoder layers, ``pp`` pipeline ranks, ``mtp``
+    MTP layers (built with the loss, on the last stage); ``first``/``last``
+    ``--decoder-first/last-pipeline-num-layers``; ``embedding``/``loss`` the account-for flags."""
+    def fail(why: str) -> ValueError:
+        return ValueError(f"{where}: {why}")
+
+    uneven = first is not None or last is not None
+    extra = int(embedding) + int(loss)
+    if uneven and extra:  # transformer_config.py
+        raise fail("Megatron refuses --decoder-first/last-pipeline-num-layers beside "
+                   "--account-for-embedding/loss-in-pipeline-split (transformer_config.py)")
+    vp = None
+    if per_virtual is not None and virtual is not None:  # arguments.py: at most one of the three
+        raise fail("Megatron refuses --num-layers-per-virtual-pipeline-stage beside "
+                   "--num-virtual-stages-per-pipeline-rank (arguments.py)")
+    if per_virtual is not None:  # arguments.py validate_args
+        if uneven:
+            raise fail("Megatron refuses --num-layers-per-virtual-pipeline-stage with --decoder-first/last-pipeline-"
+                       "num-layers: use --num-virtual-stages-per-pipeline-rank (arguments.py)")
+        if (layers + extra) % pp:
+            raise fail(f"{layers + extra} layers are not divisible by --pipeline-model-parallel-size {pp} "
+                       "(arguments.py asserts it)")
+        if (layers + extra) // pp % per_virtual:
+            raise fail(f"{(layers + extra) // pp} layers per pipeline stage are not divisible by "
+                       f"--num-layers-per-virtual-pipeline-stage {per_virtual} (arguments.py asserts it)")
+        vp = (layers + extra) // pp // per_virtual
+    elif virtual is not None:
+        vp = virtual
+    if vp == 1:  # arguments.py: one virtual stage is none
+        vp = None
+    if uneven:  # transformer_config.py __post_init__ (uneven PP)
+        middle, left = layers, pp
+        for name, n in (("first", first), ("last", last)):
+            if n is None:
+                continue
+            if n <= 0:
+                raise fail(f"--decoder-{name}-pipeline-num-layers {n}: Megatron needs it larger than 0")
+            if vp is not None and n % vp:
+                raise fail(f"--decoder-{name}-pipeline-num-layers {n} is not divisible by the {vp} virtual stages "
+                           "per rank (transformer_config.py)")
+            middle, left = middle - n, left - 1
+        if bool(middle) != bool(left) or left < 0:
+            raise fail(f"{middle} decoder layers left for {max(left, 0)} middle pipeline stages (transformer_config.py "
+                       "needs layers for every middle stage and none without one)")
+        if left and middle % left:
+            raise fail(f"{middle} middle layers are not divisible by the {left} middle pipeline stages "
+                       "(transformer_config.py)")
+        per_rank = [middle // left if left else 0] * pp
+        if first is not None:
+            per_rank[0] = first
+        if last is not None:
+            per_rank[-1] = last
+    else:
+        if (layers + extra) % pp:
+            raise fail(f"{layers + extra} layers" + (" (the embedding and loss counted)" if extra else "")
+                       + f" are not divisible by --pipeline-model-parallel-size {pp} (arguments.py asserts it; without "
+                       "a layout Megatron splits them evenly)")
+        per_rank = [(layers + extra) // pp] * pp
+    chunks = vp or 1  # at PP 1 Megatron refuses virtual stages (arguments.py; check_layout says so)
+    if any(n % chunks for n in per_rank):
+        raise fail(f"{per_rank[0] if per_rank[0] % chunks else per_rank[-1]} layers on a pipeline rank are not "
+                   f"divisible by its {chunks} virtual stages (transformer_config.py, transformer_block.py)")
+    segments = []
+    for c in range(chunks):
+        for s in range(pp):
+            n = per_rank[s] // chunks - (embedding and c == 0 and s == 0) - (loss and c == chunks - 1 and s == pp - 1)
+            if n < 0:  # transformer_block.py asserts it
+                raise fail("not enough layers in the " + ("first" if c == 0 and s == 0 else "last")
+                           + " virtual pipeline stage for the " + ("embedding" if c == 0 and s == 0 else "loss")
+                           + " it accounts for (transformer_block.py)")
+            segments.append(("E" if c == s == 0 else "") + "t" * n
+                            + ("m" * mtp + "L" if c == chunks - 1 and s == pp - 1 else ""))
+    return "|".join(segments)

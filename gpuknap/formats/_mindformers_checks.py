@@ -30,6 +30,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._documents import check_keys
+
 #: parallel_config sizes read -> (run key, largest value); MindFormers' default for each is 1.
 SIZES = (("data_parallel", "dp", 10**6), ("model_parallel", "tp", 4096), ("context_parallel", "cp", 4096),
          ("expert_parallel", "ep", 4096))
@@ -37,6 +39,45 @@ MOST = 10**6  # micro-batches, samples per micro-batch
 #: mcore model_config names of the routed experts' count (transformer_config_utils.py maps each to
 #: num_moe_experts).
 MCORE_EXPERTS = ("num_moe_experts", "n_routed_experts", "num_experts", "expert_num")
+
+
+#: ``MoEConfig``'s keyword arguments (``modules/transformer/moe.py``), the union over MindFormers
+#: v0.6.0 to master: legacy models build ``MoEConfig(**moe_config)`` (``core/parallel_config.py``),
+#: which takes no other key (no ``**kwargs``); mcore models skip the section (``template.py``).
+MOE_CONFIG = ("aux_loss_factor", "aux_loss_factors", "aux_loss_types", "balance_via_topk_bias",
+              "callback_moe_droprate", "capacity_factor", "cold_token_percent", "comp_comm_parallel",
+              "comp_comm_parallel_degree", "cur_layer", "dispatch_global_max_bs", "enable_cold_hot_expert",
+              "enable_deredundency", "enable_gmm_safe_tokens", "enable_sdrop", "ep_extend_tp", "expert_group_size",
+              "expert_model_parallel", "expert_num", "first_k_dense_replace", "group_wise_a2a", "hot_expert_num",
+              "max_router_load", "moe_intermediate_size", "moe_module_name", "moe_shared_expert_overlap", "n_group",
+              "norm_topk_prob", "npu_nums_per_device", "num_experts_chosen", "routed_scaling_factor",
+              "router_dense_type", "routing_policy", "save_token_distribution", "shared_expert_num",
+              "topk_bias_update_rate", "topk_group", "topk_method", "update_step", "use_allgather_dispatcher",
+              "use_fused_ops_permute", "use_fused_ops_topkrouter", "use_gating_sigmoid", "use_gmm",
+              "use_shared_expert_gating", "z_loss_factor")
+
+
+def check_moe_config(data: dict, path: str, legacy: bool, notes: list) -> None:
+    """``moe_config``'s keys as MindFormers takes them: MoEConfig's arguments for legacy models
+    (an unknown key is a TypeError there), not read at all by mcore ones (a note)."""
+    moe = data.get("moe_config")
+    if moe is None:
+        return
+    if not isinstance(moe, dict):
+        raise ValueError(f"{path}: moe_config: expected a mapping")
+    if not legacy:
+        if moe:
+            notes.append("moe_config is not read by mcore models (use_legacy: False; template.py skips it): their "
+                         "experts are set in model.model_config")
+        return
+    for key in moe:
+        if key not in MOE_CONFIG:
+            try:
+                check_keys({key: None}, MOE_CONFIG, "moe_config")
+            except ValueError as exc:
+                why = str(exc).split(";", 1)[0]
+            raise ValueError(f"{path}: {why}: MindFormers builds MoEConfig(**moe_config) "
+                             "(modules/transformer/moe.py), which refuses unknown keys")
 
 
 def integer(value: Any, path: str, key: str, low: int, high: int) -> int:
@@ -60,9 +101,23 @@ def _get(data: Any, dotted: str) -> Any:
     return data
 
 
+#: ``ContextParallelAlgo`` (``modules/transformer/transformer.py``): ``colossalai_cp`` (the ring
+#: attention gpuknap costs) is the default.
+CP_ALGOS = ("colossalai_cp", "ulysses_cp", "hybrid_cp")
+
+
 def check_unmodelled(data: dict, path: str) -> None:
-    """Refuse sequence pipelining and schedulers other than 1F1B."""
+    """Refuse sequence pipelining, schedulers other than 1F1B and Ulysses context parallelism."""
     pc = data.get("parallel_config") or {}
+    algo, key = pc.get("context_parallel_algo", "colossalai_cp"), "parallel_config.context_parallel_algo"
+    if algo not in CP_ALGOS:  # ContextParallelAlgo(context_parallel_algo) raises ValueError
+        raise ValueError(f"{path}: {key}: {algo!r} is not one of MindFormers' {', '.join(CP_ALGOS)} "
+                         "(ContextParallelAlgo, modules/transformer/transformer.py)"[:400])
+    cp, degree = pc.get("context_parallel", 1), pc.get("ulysses_degree_in_cp", 1)
+    if cp != 1 and (algo == "ulysses_cp" or (algo == "hybrid_cp" and degree != 1)):  # cp 1: it takes no effect
+        raise ValueError(f"{path}: {key}: {algo}" + (f" (ulysses_degree_in_cp {degree!r})" if algo == "hybrid_cp"
+                                                     else "") + ": Ulysses context parallelism (all-to-all of the "
+                         "heads) is not modelled; gpuknap costs the default ring, colossalai_cp"[:400])
     split = pc.get("seq_split_num", 1)
     if isinstance(split, bool) or split != 1:
         raise ValueError(f"{path}: parallel_config.seq_split_num: {split!r}: sequence pipelining (each "
@@ -175,9 +230,27 @@ def run_keys(data: dict, config: dict, path: str, stages: int, legacy: bool) -> 
         _switch(optimizer, path, "parallel.enable_parallel_optimizer")
     if optimizer is not None or whole:
         out["distributed_optimizer"] = bool(optimizer)
+    _shard_size(data, out, path)
     if defaulted:
         out["defaulted"] = defaulted
     return out
+
+
+def _shard_size(data: dict, run: dict, path: str) -> None:
+    """``parallel.parallel_optimizer_config.optimizer_weight_shard_size``: MindSpore shards the optimizer
+    over groups of that many data-parallel ranks (-1, the default: all of them); gpuknap costs it
+    sharded over every data- and context-parallel rank, so only a size covering them is read."""
+    key = "parallel.parallel_optimizer_config.optimizer_weight_shard_size"
+    size = _get(data, key)
+    if size is None or size == -1 and not isinstance(size, bool) or not run.get("distributed_optimizer"):
+        return  # without the parallel optimizer nothing is sharded (refused on DP > 1 by the command)
+    size = integer(size, path, key, -1, 10**6)
+    ranks = run.get("dp", 1) * run.get("cp", 1) if "dp" in run else None
+    if size == 0 or ranks is None or size < ranks:
+        over = (f"its {ranks} data- and context-parallel ranks" if ranks is not None else
+                "all data-parallel ranks (the file gives no parallel_config.data_parallel)")
+        raise ValueError(f"{path}: {key}: {size}: the optimizer sharded over groups of {size} ranks is not modelled; "
+                         f"gpuknap costs it sharded over {over}, as -1 (MindSpore's default) does")
 
 
 def _expert_tp(value: Any, tp: int | None, path: str) -> dict:

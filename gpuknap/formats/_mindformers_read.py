@@ -35,7 +35,7 @@ from typing import Any
 
 from ..search import MAX_LAYERS
 from ._documents import check_keys
-from ._mindformers_checks import check_unmodelled, model_offset, run_keys
+from ._mindformers_checks import check_moe_config, check_unmodelled, model_offset, run_keys
 from ._mindformers_checks import integer as _integer
 from ._settings import check_misspelt, parse_document, settings_text
 from .framework import DECODER, EMBEDDING, LOSS, roles
@@ -233,6 +233,7 @@ def load_data(data: Any, path: str) -> Settings:
     chunks = config.get(vpp, 1)
     chunks = _integer(chunks, path, f"model.model_config.{vpp}", 1, 64) if chunks is not None else 1
     notes = []
+    check_moe_config(data, path, legacy, notes)
     if chunks > 1 and interleave is not True:  # LayerSetting takes one chunk without pipeline_interleave
         notes.append(f"{vpp} {chunks} is not used: parallel.pipeline_config.pipeline_interleave is "
                      "not true")

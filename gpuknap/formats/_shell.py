@@ -48,6 +48,8 @@ _ASSIGN = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(\+?)=(.*)", re.S)
 _ELEMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\[[^]]*\]\+?=.*", re.S)  # A[0]=... or A[i]+=...
 _REFERENCE = re.compile(r"\$(?:([A-Za-z_][A-Za-z0-9_]*)|\{([A-Za-z_][A-Za-z0-9_]*)(?:\[[@*]\])?\})")
 _FLAG = re.compile(r"(^|\s)--[a-z]")
+#: ``--flag=$NAME`` (or ``${NAME}``): bash expands the variable after the ``=`` as it would a whole word.
+_EQ_REFERENCE = re.compile(r"(--[A-Za-z0-9][A-Za-z0-9_-]*=)\$(?:([A-Za-z_][A-Za-z0-9_]*)|\{([A-Za-z_][A-Za-z0-9_]*)\})")
 #: Commands whose words are printed, not passed.
 _PRINTERS = ("echo", "printf")
 #: Commands whose words are assignments.
@@ -207,6 +209,10 @@ def words(text: str, path: str, ends: bool = False) -> list[tuple[str | None, in
     stray: tuple[str, int] | None = None  # the first command that starts with a flag (outside if / case)
 
     def expand(word: str, line: int, passing: bool = True) -> list[tuple[str, int]]:
+        eq = _EQ_REFERENCE.fullmatch(word)
+        if eq is not None and (eq.group(2) or eq.group(3)) in stored:  # --flag=$X: the value's words, split
+            held = expand("$" + (eq.group(2) or eq.group(3)), line, passing=False)
+            return [(eq.group(1) + (held[0][0] if held else ""), line)] + held[1:]
         found = _REFERENCE.fullmatch(word)
         name = None if found is None else found.group(1) or found.group(2)
         if name in partly:
@@ -228,7 +234,7 @@ def words(text: str, path: str, ends: bool = False) -> list[tuple[str | None, in
             uncertain[name] = line
         held: list[tuple[str, int]] = list(stored.get(name, [])) if append else []
         for v, at in values:
-            held += expand(v, at, passing=False) if _REFERENCE.fullmatch(v) else [(v, at)]
+            held += expand(v, at, passing=False) if _REFERENCE.fullmatch(v) or _EQ_REFERENCE.fullmatch(v) else [(v, at)]
         stored[name] = held
         passed.discard(name)
         if not append:  # set whole again: every word known

@@ -275,7 +275,7 @@ def load_text(text: str, path: str) -> Settings:
     """:func:`load` of a text already read (``path`` names it in errors)."""
     args = arguments(text, path)
     values = check_arguments(args, path)
-    segments = tuple(parse_layout(values["layout"], values["stages"], f"{path}: --pipeline-model-parallel-layout"))
+    segments = tuple(parse_layout(values["layout"], values["stages"], f"{path}: {values['layout_flag']}"))
     check_layout(segments, values, path)
     holding = [i for i, seg in enumerate(segments) if "m" in seg]
     if holding and holding[0] % values["stages"] != values["stages"] - 1:

@@ -111,7 +111,7 @@ def test_a_window_on_a_spec_without_a_config_is_refused(capsys, tmp_path):
     spec = "gpuknap/examples/llama2_70b.json"  # a spec with a transformer section: no window to set
     script = tmp_path / "run.sh"
     script.write_text("--tensor-model-parallel-size 8 --use-distributed-optimizer --sequence-parallel --num-layers 80 "
-                      "--pipeline-model-parallel-size 8 "
+                      "--pipeline-model-parallel-size 8 --micro-batch-size 1 --bf16 "
                       "--pipeline-model-parallel-layout 'Et*10|t*10|t*10|t*10|t*10|t*10|t*10|t*10L' "
                       "--window-size 1023,0\n")
     assert main(["rank", spec, "--from", str(script), "--quiet"]) == 2

@@ -26,7 +26,8 @@ SWITCHES = {"--sequence-parallel", "--use-distributed-optimizer", "--moe-grouped
             "--no-overlap-p2p-communication",  # store_false into overlap_p2p_comm: the overlap is on by default
             "--recompute-activations", "--account-for-embedding-in-pipeline-split",
             "--account-for-loss-in-pipeline-split", "--overlap-grad-reduce", "--overlap-param-gather",
-            "--tp-comm-overlap"}
+            "--tp-comm-overlap",
+            "--bf16"}  # model_parallel_config.py (bf16): without it or --fp16 Megatron trains in fp32
 INTS = {"--num-layers", "--pipeline-model-parallel-size", "--tensor-model-parallel-size", "--context-parallel-size",
         "--expert-model-parallel-size", "--expert-tensor-parallel-size", "--micro-batch-size", "--global-batch-size",
         "--seq-length", "--mtp-num-layers", "--recompute-num-layers", "--decoder-first-pipeline-num-layers",

@@ -27,7 +27,7 @@ BASH = shutil.which("bash")
 MIRROR = "/work/.mirror/NVIDIA+Megatron-LM/repo"
 BASE = ("python pretrain_gpt.py --tensor-model-parallel-size 2 --pipeline-model-parallel-size 4 --num-layers 32 "
         "--pipeline-model-parallel-layout 'Et*8|t*8|t*8|t*8L' --micro-batch-size 1 --global-batch-size 64 "
-        "--seq-length 4096 --use-distributed-optimizer --sequence-parallel")
+        "--seq-length 4096 --use-distributed-optimizer --sequence-parallel --bf16")
 VPP = BASE.replace("'Et*8|t*8|t*8|t*8L'", "'Et*4|(t*4|)*6t*4L'")
 RUN = ["--capacity", "80GiB", "--dp", "1", "--quiet"]
 

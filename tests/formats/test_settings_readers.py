@@ -48,7 +48,8 @@ def refused(capsys, tmp_path, content, words, name="s.txt", spec=DEMO, *extra):
     (MEG + "--recompute-granularty full\n", ["--recompute-granularty", "did you mean --recompute-granularity"]),
     (MEG + "--recompute_granularity full\n", ["--recompute_granularity", "did you mean --recompute-granularity"]),
     (MEG + "--micro-batch-size 1\n--micro-batch-size 2\n", ["--micro-batch-size", "given twice"]),
-    ("--pipeline-model-parallel-size 2\n--num-layers 96\n", ["--pipeline-model-parallel-layout: missing"]),
+    ("--pipeline-model-parallel-size 5\n--num-layers 96\n", ["without --pipeline-model-parallel-layout",
+                                                           "not divisible by --pipeline-model-parallel-size 5"]),
     ("--pipeline-model-parallel-size 2\n--pipeline-model-parallel-layout 'Et*48|t*48L'\n", ["--num-layers: missing"]),
     (MEG + "--num-virtual-stages-per-pipeline-rank 2\n", ["--num-virtual-stages-per-pipeline-rank", "layout"]),
     (MEG + "--decoder-first-pipeline-num-layers 4\n", ["--decoder-first-pipeline-num-layers"]),
@@ -91,7 +92,7 @@ torchrun --nproc_per_node $GPUS_PER_NODE pretrain_gpt.py \\
     --pipeline-model-parallel-size 2 \\
     --pipeline-model-parallel-layout "Et*16|t*16L" \\
     --recompute-granularity full --recompute-method block --recompute-num-layers 3 \\
-    --micro-batch-size 1 --seq-length 4096 --tensor-model-parallel-size 8 --global-batch-size 32
+    --micro-batch-size 1 --seq-length 4096 --tensor-model-parallel-size 8 --global-batch-size 32 --bf16
 """
     path = tmp_path / "run.sh"
     path.write_text(script)
@@ -201,7 +202,7 @@ def test_rank_from_builds_the_model_the_settings_run(capsys, tmp_path):
     """The file's sizes fill the flags not given; a flag that says otherwise is refused by name."""
     block = ("--num-layers 32 --pipeline-model-parallel-size 4 --pipeline-model-parallel-layout 'Et*8|t*8|t*8|t*8L'"
              " --tensor-model-parallel-size 8 --sequence-parallel --micro-batch-size 2 --global-batch-size 64"
-             " --seq-length 4096 --use-distributed-optimizer\n")
+             " --seq-length 4096 --use-distributed-optimizer --bf16\n")
     rc, out, err, _ = rank(capsys, tmp_path, block, "--capacity", "80GiB", "--json", spec=LLAMA)
     assert rc == 0, err
     rc2 = main(["rank", LLAMA, "--capacity", "80GiB", "--tp", "8", "--seq", "4096", "--micro-batch-size", "2",
@@ -245,7 +246,7 @@ def _activations(capsys, tmp_path, content, name, *extra):
 
 
 RUN = ("--num-layers 32 --pipeline-model-parallel-size 4 --pipeline-model-parallel-layout 'Et*8|t*8|t*8|t*8L'"
-       " --tensor-model-parallel-size 8 --micro-batch-size 2 --global-batch-size 32 --use-distributed-optimizer")
+       " --tensor-model-parallel-size 8 --micro-batch-size 2 --global-batch-size 32 --use-distributed-optimizer --bf16")
 
 
 def test_a_whole_run_without_a_switch_runs_without_it(capsys, tmp_path):
@@ -304,7 +305,7 @@ def _write(tmp_path, name, text):
 
 SCRIPT_RUN = ("--num-layers 32 --pipeline-model-parallel-size 4 --pipeline-model-parallel-layout 'Et*8|t*8|t*8|t*8L'"
               " --tensor-model-parallel-size 8 --sequence-parallel --micro-batch-size 2 --global-batch-size 32"
-              " --use-distributed-optimizer")
+              " --use-distributed-optimizer --bf16")
 
 
 @pytest.mark.parametrize("script", [
@@ -437,7 +438,7 @@ def test_megatron_moe_with_tp_needs_sequence_parallelism(capsys, tmp_path):
     script = ("--num-layers 16 --pipeline-model-parallel-size 2 --pipeline-model-parallel-layout 'Et*8|t*8L' "
               "--tensor-model-parallel-size 2 --expert-model-parallel-size 2 --expert-tensor-parallel-size 1 "
               "--micro-batch-size 1 --global-batch-size 16 --seq-length 4096 --use-distributed-optimizer "
-              "--moe-grouped-gemm --moe-token-dispatcher-type alltoall\n")
+              "--moe-grouped-gemm --moe-token-dispatcher-type alltoall --bf16\n")
     refused(capsys, tmp_path, script, ["MoE layers refuse tensor parallelism without --sequence-parallel"],
             "run.sh", mixtral, "--dp", "2", "--capacity", "80GiB")
     assert rank(capsys, tmp_path, script.replace("--moe-grouped-gemm", "--moe-grouped-gemm --sequence-parallel"),
