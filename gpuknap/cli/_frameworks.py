@@ -86,7 +86,8 @@ def best_emit(args: argparse.Namespace, spec: Any, stages: int, chunks: int, in_
     gm = with_grouped(model)
     try:
         text = formats.emit(name, gm, counts, name=spec.name, score=value, in_flight=in_flight, chunks=chunks,
-                            names=names, mtp=mtp, notes=[n for n in notes if n])
+                            names=names, mtp=mtp, notes=[n for n in notes if n],
+                            model_flags=formats.megatron_model_flags(spec.source))
     except ValueError as exc:
         raise _bad(exc, where) from None
     simulated = simulated_plans(gm, [(list(c), list(n)) for c, _, _, n, _ in found], chunks)
@@ -110,7 +111,8 @@ def settings_of_best(spec: Any, found: Any, in_flight: Any, chunks: int) -> dict
     for name in formats.EMITTERS:
         try:
             out[name] = {"text": formats.emit(name, spec.model, counts, choice, spec.name, value, in_flight, chunks,
-                                              mtp=formats.mtp_layers(spec.source))}
+                                              mtp=formats.mtp_layers(spec.source),
+                                              model_flags=formats.megatron_model_flags(spec.source))}
         except ValueError as exc:
             out[name] = {"error": str(exc)}
     return out
@@ -233,6 +235,10 @@ def rank_settings(args: argparse.Namespace, make_spec: Callable[..., Any], emit:
         raise ValueError(f"--recompute: {source} gives the recompute the run uses (none when it says nothing); "
                          "drop the flag, or change the settings")
     settings = formats.read_settings(source)
+    try:  # what the settings say of the model's shape and experts is the model's
+        formats.check_stated_model(settings, args.spec)
+    except ValueError as exc:
+        raise _bad(exc, source) from None
     args.stages = settings.stages
     run = getattr(settings, "run", {}) or {}
     if not formats.analytic(args.spec):  # measured options: only the micro-batches can come from the file

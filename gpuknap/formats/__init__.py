@@ -19,6 +19,8 @@ from . import framework, hf, megatron, mindformers, sapp_ppb, splitfiles
 from ._documents import MAX_FILE_BYTES, check_keys, read_document, read_text, suggest
 from ._settings import looks_like_arguments, parse_document, settings_text
 from ._fields import Spec
+from ._model_check import check as check_stated_model
+from ._model_check import megatron_model_flags
 from ._units import parse_quantity
 from .spec import config_from, load_spec, pipeline_shape
 
@@ -59,10 +61,11 @@ def restrict(model: Any, framework_name: str) -> Any:
 
 def emit(framework_name: str, model: Any, counts: Any, choice: Any = None, name: str = "",
          score: float | None = None, in_flight: Any = None, chunks: int = 1, names: Any = None, mtp: int = 0,
-         notes: Any = ()) -> str:
+         notes: Any = (), model_flags: Any = ()) -> str:
     """The settings text of a split for ``framework_name``: its layers' options given as ``names``
     (model order; each an option of its layer's kind), or taken from a solved ``choice``; ``mtp``
-    MTP layers follow the decoder layers; ``notes``: comment lines (a sequence of strings)."""
+    MTP layers follow the decoder layers; ``notes``: comment lines (a sequence of strings);
+    ``model_flags``: Megatron flags of the model's experts (:func:`megatron_model_flags`)."""
     if framework_name not in EMITTERS:
         raise ValueError(f"framework_name: expected one of {', '.join(EMITTERS)}, got {framework_name!r}")
     if not isinstance(model, PipelineModel):
@@ -71,7 +74,10 @@ def emit(framework_name: str, model: Any, counts: Any, choice: Any = None, name:
         if choice is None:
             raise ValueError("choice: give the split's solved choice, or its option names (names=)")
         names = model.option_names(list(counts), choice, in_flight, chunks)
-    plan = framework.framework_plan(model, list(counts), list(names), chunks, name, score, in_flight, mtp, notes)
+    if isinstance(model_flags, (str, bytes)) or not hasattr(model_flags, "__iter__"):
+        raise ValueError(f"model_flags must be a sequence of flags, got {type(model_flags).__name__}")
+    plan = framework.framework_plan(model, list(counts), list(names), chunks, name, score, in_flight, mtp, notes,
+                                    model_flags)
     return EMITTERS[framework_name].dump(plan)
 
 
@@ -155,6 +161,6 @@ def read_settings(path: str | os.PathLike) -> Any:
 __all__ = [
     "framework", "hf", "megatron", "mindformers", "sapp_ppb", "splitfiles", "MAX_FILE_BYTES", "check_keys",
     "read_document", "read_text", "suggest", "Spec", "parse_quantity", "config_from", "load_spec", "pipeline_shape",
-    "stated_data_parallel",
+    "stated_data_parallel", "check_stated_model", "megatron_model_flags",
     "EMITTERS", "EXCLUSIVE", "RUNS", "restrict", "emit", "is_config", "mtp_layers", "window_tokens", "analytic", "read_settings",
 ]

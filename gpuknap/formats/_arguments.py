@@ -46,6 +46,11 @@ READ = {
     "--exp-avg-dtype": 1, "--exp-avg-sq-dtype": 1, "--use-precision-aware-optimizer": 0,
     "--optimizer-cpu-offload": 0, "--cpu-offloading": 0, "--cpu-offloading-num-layers": 1,
     "--fine-grained-activation-offloading": 0, "--attention-backend": 1, "--transformer-impl": 1,
+    # the model's shape and experts: checked against the model costed (_stated_shape.py, _model_check.py)
+    "--hidden-size": 1, "--ffn-hidden-size": 1, "--num-attention-heads": 1, "--num-query-groups": 1,
+    "--group-query-attention": 0, "--num-experts": 1, "--moe-router-topk": 1, "--moe-ffn-hidden-size": 1,
+    "--moe-shared-expert-intermediate-size": 1, "--moe-layer-freq": 1, "--moe-expert-capacity-factor": 1,
+    "--moe-pad-expert-input-to-capacity": 0, "--moe-token-drop-policy": 1,
 }
 #: Recompute flags of older Megatron versions, which Megatron now refuses (``--checkpoint-activations``
 #: is defined only for ``arguments.py`` to exit on it; the others are no longer defined): their
@@ -95,6 +100,9 @@ KNOWN = {
     "--ckpt-format", "--cpu-offloading-weights", "--cpu-offloading-activations", "--cpu-offloading-double-buffering",
     "--kitchen-attention-backend", "--grad-reduce-in-fp32", "--grad-dtype", "--params-dtype", "--param-dtype",
     "--disable-moe-grouped-gemm",
+    # MoE flags beside the experts' flags read (transformer_config.py fields; --moe-token-dropping of older versions)
+    "--moe-expert-rank-capacity-factor", "--moe-router-dtype", "--moe-router-group-topk",
+    "--moe-shared-expert-glu-interleave-size", "--moe-token-dropping",
 }
 #: Names that look like Megatron flags but are not (its parser refuses them), with what to write.
 NOT_FLAGS = {

@@ -36,6 +36,7 @@ import math
 import re
 from typing import Any
 
+from . import _stated_shape
 from ._arguments import LAUNCH, UNSEEN
 from ._megatron_run import batches, default_layout, precision, refuse, sharding
 
@@ -248,7 +249,7 @@ def check_arguments(args: dict, path: str) -> dict:
             "granularity": granularity, "modules": list(modules) if granularity == "selective" else [],
             "method": method if granularity == "full" else None, "num": num if granularity == "full" else 0,
             "run": run, "overlap": "--no-overlap-p2p-communication" not in args, "notes": notes,
-            "group": _group(args, path)}
+            "group": _group(args, path), "shape": _stated_shape.megatron(args, path, whole, _int)}
 
 
 def _defaults(args: dict, run: dict, notes: list, path: str) -> None:

@@ -38,6 +38,8 @@ from ._documents import check_keys
 from ._mindformers_checks import check_moe_config, check_unmodelled, model_offset, run_keys
 from ._mindformers_checks import integer as _integer
 from ._settings import check_misspelt, parse_document, settings_text
+from ._stated_shape import MODEL_KEYS, MODEL_KNOWN
+from ._stated_shape import mindformers as stated_shape
 from .framework import DECODER, EMBEDDING, LOSS, roles
 
 TYPES = ("NONE", "SLCT", "COMM", "BOTH", "FULL")
@@ -65,6 +67,7 @@ class Settings:
     mtp: int = 0
     run: dict = field(default_factory=dict, compare=False)  # run keys read: name -> value
     notes: tuple = ()
+    shape: dict = field(default_factory=dict, compare=False)  # the model's shape and experts stated
 
     def types(self, i: int) -> list[str]:
         """The option each decoder layer of segment ``i`` runs, in order (MindFormers' prefix rule)."""
@@ -119,7 +122,7 @@ TOP_KNOWN = ("use_parallel", "mode")
 MODEL_CONFIG = ("num_layers", "num_hidden_layers", "offset", "pp_interleave_num", "virtual_pipeline_model_parallel_size",
                 "mtp_depth", "mtp_num_layers",
                 "num_nextn_predict_layers", "seq_length", "select_recompute", "select_comm_recompute", "recompute",
-                "pipeline_stage")
+                "pipeline_stage") + MODEL_KEYS
 
 
 def _section(data: Any, path: str, dotted: str, required: bool = True) -> Any:
@@ -208,7 +211,7 @@ def load_data(data: Any, path: str) -> Settings:
     config = _section(data, path, "model.model_config")
     if not isinstance(config, dict):
         raise ValueError(f"{path}: model.model_config: expected a mapping")
-    check_misspelt(config, MODEL_CONFIG, (), f"{path}: model.model_config")
+    check_misspelt(config, MODEL_CONFIG, MODEL_KNOWN, f"{path}: model.model_config")
     legacy = data.get("use_legacy", True)
     if not isinstance(legacy, bool):
         raise ValueError(f"{path}: use_legacy: expected true or false, got {legacy!r}")
@@ -274,7 +277,7 @@ def load_data(data: Any, path: str) -> Settings:
         notes.append("no parallel_config.micro_batch_num: MindFormers' default, one micro-batch per iteration "
                      "(template.py), is costed")
     return Settings(stages, chunks, num_layers, tuple(decoders), *clamp, mtp, run,
-                    tuple(notes))
+                    tuple(notes), stated_shape(data, config, path, legacy))
 
 
 def _layers(offset: Any, path: str, stages: int, chunks: int, total: int, field_: str) -> list:

@@ -123,6 +123,7 @@ class FrameworkPlan:
     run: Run | None = None  # how it is trained (cost-modelled models)
     mtp: int = 0  # multi-token-prediction layers after the last decoder layer (costed with the output layer)
     notes: tuple = ()  # comment lines for the settings (the search that found the plan, its cost)
+    model_flags: tuple = ()  # Megatron flags of the model's experts (formats.megatron_model_flags)
 
     @property
     def decoder_layers(self) -> int:
@@ -141,7 +142,7 @@ class FrameworkPlan:
 
 def framework_plan(model: Any, counts: Sequence[int], names: Sequence[str], chunks: int = 1, name: str = "",
                    score: float | None = None, in_flight: Any = None, mtp: int = 0,
-                   notes: Sequence[str] = ()) -> FrameworkPlan:
+                   notes: Sequence[str] = (), model_flags: Sequence[str] = ()) -> FrameworkPlan:
     """The :class:`FrameworkPlan` of a split whose layers run ``names`` (model order); ``mtp``
     multi-token-prediction layers follow the last decoder layer (frameworks place them; the cost
     model counts them with the output layer, on the last stage); ``notes`` become comment lines."""
@@ -169,7 +170,7 @@ def framework_plan(model: Any, counts: Sequence[int], names: Sequence[str], chun
         segments.append(Segment("".join(role[j] for j in layers), tuple(used.items())))
     p = len(counts) // chunks
     return FrameworkPlan(str(name), p, chunks, tuple(segments), score, model, tuple(names), in_flight,
-                         run_of(model, p), mtp, tuple(str(n) for n in notes))
+                         run_of(model, p), mtp, tuple(str(n) for n in notes), tuple(str(f) for f in model_flags))
 
 
 

@@ -96,6 +96,7 @@ class Settings:
     run: dict = field(default_factory=dict, compare=False)  # run flags read: name -> value
     mtp: int = 0
     notes: tuple = ()
+    shape: dict = field(default_factory=dict, compare=False)  # the model's shape and experts stated
 
     @property
     def chunks(self) -> int:
@@ -258,6 +259,7 @@ def flags(plan: FrameworkPlan, setting: Settings) -> list[str]:
            f'--pipeline-model-parallel-layout "{layout(plan)}"']
     if plan.mtp:
         out.append(f"--mtp-num-layers {plan.mtp}")
+    out += list(plan.model_flags)  # the experts as the model has them: a whole run without them is dense
     if run is not None:
         out += run_flags(run)
     return out + setting.flags()
@@ -282,4 +284,5 @@ def load_text(text: str, path: str) -> Settings:
         values["notes"].append(f"the layout places the MTP layers on pipeline stage {holding[0] % values['stages']}; "
                                "gpuknap costs them with the output layer, on the last stage")
     return Settings(values["stages"], segments, values["granularity"], frozenset(values["modules"]),
-                    values["method"], values["num"] or 0, values["run"], values["mtp"], tuple(values["notes"]))
+                    values["method"], values["num"] or 0, values["run"], values["mtp"], tuple(values["notes"]),
+                    values["shape"])

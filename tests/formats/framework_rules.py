@@ -32,9 +32,12 @@ INTS = {"--num-layers", "--pipeline-model-parallel-size", "--tensor-model-parall
         "--expert-model-parallel-size", "--expert-tensor-parallel-size", "--micro-batch-size", "--global-batch-size",
         "--seq-length", "--mtp-num-layers", "--recompute-num-layers", "--decoder-first-pipeline-num-layers",
         "--decoder-last-pipeline-num-layers", "--num-layers-per-virtual-pipeline-stage",
-        "--num-virtual-stages-per-pipeline-rank"}
+        "--num-virtual-stages-per-pipeline-rank",
+        # the experts (arguments.py --num-experts; the others TransformerConfig fields through ArgumentGroupFactory)
+        "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size"}
+#: ``--moe-layer-freq``: arguments.py ``moe_freq_type``, an integer or a Python list expression.
 STRINGS = {"--pipeline-model-parallel-layout", "--recompute-granularity", "--recompute-method",
-           "--moe-token-dispatcher-type"}
+           "--moe-token-dispatcher-type", "--moe-layer-freq"}
 #: ``--moe-token-dispatcher-type``: made by arguments.py's ``ArgumentGroupFactory(TransformerConfig)`` from the
 #: field's ``Literal`` (transformer_config.py, ``moe_token_dispatcher_type``, default allgather).
 CHOICES = {"--recompute-granularity": ("full", "selective"), "--recompute-method": ("block", "uniform"),

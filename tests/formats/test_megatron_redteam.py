@@ -113,6 +113,7 @@ def test_a_whole_moe_run_without_expert_tensor_parallelism_runs_etp_tp(capsys, t
     a contradiction, refused as other flags against the file are; EP defaults to 1
     (model_parallel_config.py 127)."""
     moe = BASE.replace("--use-distributed-optimizer", "--use-distributed-optimizer --moe-grouped-gemm "
+                                                      "--num-experts 8 --moe-router-topk 2 "
                                                       "--moe-token-dispatcher-type alltoall "
                                                       "--expert-model-parallel-size 2") + "\n"
     run = ["--capacity", "200GiB", "--dp", "2", "--quiet"]
@@ -342,6 +343,7 @@ def test_the_token_dispatcher_is_the_one_gpuknap_costs_or_is_named(capsys, tmp_p
     Megatron's parser refuses is refused; with EP x ETP = 1 no dispatcher communicates, and none is
     refused."""
     moe = BASE.replace("--use-distributed-optimizer", "--use-distributed-optimizer --moe-grouped-gemm "
+                                                      "--num-experts 8 --moe-router-topk 2 "
                                                       "--expert-model-parallel-size 2 --expert-tensor-parallel-size 1"
                        ) + "\n"
     run = ["--capacity", "200GiB", "--dp", "2", "--quiet"]

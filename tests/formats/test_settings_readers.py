@@ -438,7 +438,7 @@ def test_megatron_moe_with_tp_needs_sequence_parallelism(capsys, tmp_path):
     script = ("--num-layers 16 --pipeline-model-parallel-size 2 --pipeline-model-parallel-layout 'Et*8|t*8L' "
               "--tensor-model-parallel-size 2 --expert-model-parallel-size 2 --expert-tensor-parallel-size 1 "
               "--micro-batch-size 1 --global-batch-size 16 --seq-length 4096 --use-distributed-optimizer "
-              "--moe-grouped-gemm --moe-token-dispatcher-type alltoall --bf16\n")
+              "--moe-grouped-gemm --moe-token-dispatcher-type alltoall --bf16 --num-experts 8 --moe-router-topk 2\n")
     refused(capsys, tmp_path, script, ["MoE layers refuse tensor parallelism without --sequence-parallel"],
             "run.sh", mixtral, "--dp", "2", "--capacity", "80GiB")
     assert rank(capsys, tmp_path, script.replace("--moe-grouped-gemm", "--moe-grouped-gemm --sequence-parallel"),
