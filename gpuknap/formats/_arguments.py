@@ -44,7 +44,7 @@ READ = {
     "--bf16": 0, "--fp16": 0, "--fp8-format": 1, "--fp4-format": 1, "--grad-reduce-in-bf16": 0,
     "--accumulate-allreduce-grads-in-fp32": 0, "--main-grads-dtype": 1, "--main-params-dtype": 1,
     "--exp-avg-dtype": 1, "--exp-avg-sq-dtype": 1, "--use-precision-aware-optimizer": 0,
-    "--optimizer-cpu-offload": 0, "--cpu-offloading": 0, "--cpu-offloading-num-layers": 1,
+    "--optimizer-cpu-offload": 0, "--cpu-offloading-num-layers": 1,
     "--fine-grained-activation-offloading": 0, "--attention-backend": 1, "--transformer-impl": 1,
     # the model's shape and experts: checked against the model costed (_stated_shape.py, _model_check.py)
     "--hidden-size": 1, "--ffn-hidden-size": 1, "--num-attention-heads": 1, "--num-query-groups": 1,
@@ -97,9 +97,7 @@ KNOWN = {
     "--mtp-hybrid-override-pattern",
     # beside the precision, offloading and kernel flags read to be refused (arguments.py and the configs
     # its flags come from: model_parallel_config.py, transformer_config.py, the checkpoint and DDP configs)
-    "--ckpt-format", "--cpu-offloading-weights", "--cpu-offloading-activations", "--cpu-offloading-double-buffering",
-    "--kitchen-attention-backend", "--grad-reduce-in-fp32", "--grad-dtype", "--params-dtype", "--param-dtype",
-    "--disable-moe-grouped-gemm",
+    "--ckpt-format", "--kitchen-attention-backend",
     # MoE flags beside the experts' flags read (transformer_config.py fields; --moe-token-dropping of older versions)
     "--moe-expert-rank-capacity-factor", "--moe-router-dtype", "--moe-router-group-topk",
     "--moe-shared-expert-glu-interleave-size", "--moe-token-dropping",
@@ -114,6 +112,13 @@ NOT_FLAGS = {
     "--num-layers-in-last-pipeline-stage": "the flag is --decoder-last-pipeline-num-layers",
     "--use-layer-wise-distributed-optimizer": "Megatron sets it from the optimizer it runs",
     "--sequence-length": "the flag is --seq-length",
+    # TransformerConfig and DDP fields arguments.py keeps off its command line (its exclude list; no DDP factory)
+    "--cpu-offloading": "Megatron turns activation offloading on with --cpu-offloading-num-layers N",
+    "--cpu-offloading-activations": "Megatron offloads activations with --cpu-offloading-num-layers N",
+    "--cpu-offloading-weights": "Megatron sets it itself", "--cpu-offloading-double-buffering": "Megatron sets it itself",
+    "--params-dtype": "--bf16 or --fp16 set the parameters' type", "--param-dtype": "--bf16 or --fp16 set it",
+    "--grad-reduce-in-fp32": "gradients are reduced in fp32 under --bf16 by default (--grad-reduce-in-bf16 "
+                             "turns that off)",
 }
 #: What argparse takes for a negative number rather than a flag (``_negative_number_matcher``).
 _NUMBER = re.compile(r"-\d+|-\d*\.\d+")

@@ -138,9 +138,12 @@ def precision(args: dict, path: str, whole: bool) -> None:
                                  "modelled; gpuknap costs bf16 GEMMs")
     refuse(args, "--optimizer-cpu-offload", path, "keeps optimizer state on the CPU and steps it there, which "
                                                   "gpuknap does not model (it costs the optimizer on the device)")
-    for flag in ("--cpu-offloading", "--fine-grained-activation-offloading"):
-        refuse(args, flag, path, "offloads activations to the CPU, which gpuknap does not model (it keeps every "
-                                 "saved activation on the device)")
+    offloaded = "offloads activations to the CPU, which gpuknap does not model (it keeps every saved activation " \
+                "on the device)"
+    if "--cpu-offloading-num-layers" in args and args["--cpu-offloading-num-layers"][0][0] not in ("0", "+0"):
+        refuse(args, "--cpu-offloading-num-layers", path, f"{args['--cpu-offloading-num-layers'][0][0]}: Megatron then "
+                                                          f"{offloaded} (arguments.py sets cpu_offloading)")
+    refuse(args, "--fine-grained-activation-offloading", path, offloaded)
     if "--attention-backend" in args:
         backend = args["--attention-backend"][0][0]
         if backend not in ATTENTION_BACKENDS:

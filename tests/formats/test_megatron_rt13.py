@@ -247,7 +247,10 @@ def test_deprecated_recompute_flags_are_refused_by_name(capsys, tmp_path, flag):
     ("--use-precision-aware-optimizer --exp-avg-dtype bf16", ["--exp-avg-dtype: bf16"]),
     ("--use-precision-aware-optimizer --exp-avg-sq-dtype fp8", ["--exp-avg-sq-dtype: fp8"]),
     ("--main-grads-dtype bf16", ["--main-grads-dtype: bf16"]),
-    ("--cpu-offloading --cpu-offloading-num-layers 4", ["--cpu-offloading", "offloads activations"]),
+    ("--cpu-offloading-num-layers 4", ["--cpu-offloading-num-layers", "4", "offloads activations"]),
+    ("--cpu-offloading", ["--cpu-offloading", "--cpu-offloading-num-layers N"]),
+    ("--grad-reduce-in-fp32", ["--grad-reduce-in-fp32", "by default"]),
+    ("--params-dtype fp16", ["--params-dtype", "--bf16 or --fp16"]),
     ("--fine-grained-activation-offloading", ["--fine-grained-activation-offloading"]),
     ("--attention-backend unfused", ["--attention-backend: unfused", "stores the attention scores"]),
     ("--attention-backend local", ["--attention-backend: local"]),
@@ -264,7 +267,7 @@ def test_precision_the_cost_model_runs_is_read(capsys, tmp_path):
     base = scored(capsys, tmp_path, BASE + "\n", *RUN)
     for flags in ("--attention-backend flash", "--attention-backend auto", "--transformer-impl transformer_engine",
                   "--use-precision-aware-optimizer --main-params-dtype fp32 --exp-avg-dtype fp32",
-                  "--accumulate-allreduce-grads-in-fp32"):
+                  "--accumulate-allreduce-grads-in-fp32", "--cpu-offloading-num-layers 0"):
         assert scored(capsys, tmp_path, BASE + f" {flags}\n", *RUN, name="x.sh")["best"] == base["best"], flags
     fp16 = BASE.replace("--bf16", "--fp16 --accumulate-allreduce-grads-in-fp32")  # the bytes costed: fp32 gradients
     assert scored(capsys, tmp_path, fp16 + "\n", *RUN, name="y.sh")["best"] == base["best"]
@@ -279,9 +282,12 @@ def test_a_whole_run_without_bf16_or_fp16_trains_in_fp32_and_is_refused(capsys, 
 
 def test_close_megatron_flags_are_not_called_misspellings():
     """Megatron's own flags beside the new read ones (--ckpt-format beside --fp8-format, ...)."""
-    text = ("--ckpt-format torch_dist --cpu-offloading-weights --kitchen-attention-backend x --fp8-recipe delayed "
-            "--fp8-param-gather --cpu-offloading-activations --grad-reduce-in-fp32\n")
+    text = "--ckpt-format torch_dist --kitchen-attention-backend x --fp8-recipe delayed --fp8-param-gather\n"
     assert arguments(text, "a.sh") == {}  # none read, none refused as misspelt
+    for field in ("--cpu-offloading-weights", "--cpu-offloading-activations", "--params-dtype fp16"):
+        # TransformerConfig fields arguments.py keeps off its command line (its exclude list): refused, saying so
+        with pytest.raises(ValueError, match=field.split()[0]):
+            arguments(field + "\n", "a.sh")
 
 
 # 11: --flag=$VAR
