@@ -277,8 +277,10 @@ def best_rows(configs: list, builder: Callable, top: int, run: Callable, order: 
     skipped)`` searches configurations, ``order(rows)`` sorts rows as the full sweep does.
     ``counts``: configurations ``searched``, ``pruned`` (by bound, never built) and ``invalid``.
     More than ``limit`` searches (bounds too weak for this grid) is refused with a ValueError, and
-    so is a sweep estimated over ``max_seconds`` after any round (:func:`_check_pace`: the
-    configurations still within reach of the cutoff, at the time per search so far: :func:`._pace.check_pace`).
+    so is a sweep estimated over ``max_seconds`` after any round (:func:`._pace.check_pace`): once
+    there are ``top`` rows, the configurations still within reach of the cutoff (an upper bound on
+    what is left), before that the next round; the proved infeasible ones counted too; each at
+    the time per search so far.
     A configuration that :func:`layers_held` proves infeasible is not searched unless fewer than
     ``top`` rows are feasible (then its infeasible row is among the first ``top``)."""
 
@@ -301,8 +303,10 @@ def best_rows(configs: list, builder: Callable, top: int, run: Callable, order: 
     start = time.perf_counter()
     while True:
         cutoff = _nth_time(rows, top)
-        if searched and max_seconds is not None:
-            check_pace(queue.within(cutoff), top, searched, time.perf_counter() - start, max_seconds)
+        if searched and max_seconds is not None:  # until there are top rows, no bound: the next round only
+            left = queue.within(cutoff) if math.isfinite(cutoff) else min(len(queue), size)
+            pending = len(deferred) if sum(r["feasible"] for r in rows) < top else 0  # searched only then
+            check_pace(left + pending, top, searched, time.perf_counter() - start, max_seconds)
         at = queue.next(cutoff)
         if at is None:
             break
@@ -328,6 +332,8 @@ def best_rows(configs: list, builder: Callable, top: int, run: Callable, order: 
         rows = _keep(rows, top)
         size = ROUND
     if deferred and sum(r["feasible"] for r in rows) < top:  # their infeasible rows are among the first
+        if searched and max_seconds is not None:
+            check_pace(len(deferred), top, searched, time.perf_counter() - start, max_seconds)
         new_rows, bad = run(deferred)
         skipped += bad
         searched += len(deferred)

@@ -208,11 +208,12 @@ def test_a_top_that_prunes_nothing_is_paced_as_a_full_sweep(monkeypatch):
 
 
 def test_a_top_sweep_is_refused_when_what_it_can_still_search_is_over_the_limit(monkeypatch):
-    """``--top N`` estimates after every round: the configurations still within reach of the N-th
-    best row so far (all it can still search, the cutoff only falls) at the time per search so
-    far.  The count is checked against what the sweep then searched, round after round."""
+    """``--top N`` estimates after every round: once it has N rows, the configurations still within
+    reach of the N-th best row so far (all it can still search, the cutoff only falls) at the time
+    per search so far.  The count is checked against what the sweep then searched, round after
+    round."""
     prune = importlib.import_module("gpuknap.sweep._prune")
-    monkeypatch.setattr(prune, "FIRST_ROUND", 2)
+    monkeypatch.setattr(prune, "FIRST_ROUND", 4)  # 3 rows after the first round: a cutoff from then on
     monkeypatch.setattr(prune, "ROUND", 3)  # many rounds on 30 configurations
     seen, real = [], prune.check_pace
     monkeypatch.setattr(prune, "check_pace", lambda left, top, searched, spent, limit: (
@@ -226,7 +227,7 @@ def test_a_top_sweep_is_refused_when_what_it_can_still_search_is_over_the_limit(
     assert all(limited.searched - searched <= left for left, searched in seen), (seen, limited.searched)
     assert seen[0][0] >= limited.searched - seen[0][1] > 0
     with pytest.raises(ValueError, match=r"the best 3 rows of this sweep could take up to about .* here: "
-                                         r"2 configurations searched in [\d.]+ s and up to [\d,]+ more within reach "
+                                         r"4 configurations searched in [\d.]+ s and up to [\d,]+ more within reach "
                                          r"of the 3-th best row so far, over the limit of 1e-09 s; .*--max-time \d+"):
         sweep(LLAMA, GRID, **kw, max_seconds=1e-9)
     assert pace.check_pace(10, 3, 5, 2.0, 6.0) is None  # 2 s + 0.4 s x 10 = 6 s: within
@@ -234,3 +235,24 @@ def test_a_top_sweep_is_refused_when_what_it_can_still_search_is_over_the_limit(
         pace.check_pace(10, 3, 5, 2.0, 5.99)
     with pytest.raises(ValueError, match=r"about 10 min here \(600 s\): 5 configurations searched in 200.0 s"):
         pace.check_pace(10, 3, 5, 200.0, 5.0)
+
+
+def test_before_n_rows_the_top_estimate_covers_the_next_round_and_the_configurations_proved_not_to_fit(monkeypatch):
+    """A review's findings: with fewer than N rows there is no cutoff, and counting every
+    configuration left refused grids that finish in seconds (a 1,128-configuration grid estimated
+    at 34 s ran in 1.4 s); configurations proved not to fit were not counted, though they are
+    searched when fewer than N rows fit.  Now: the next round, plus those, until there are N rows."""
+    prune = importlib.import_module("gpuknap.sweep._prune")
+    seen, real = [], prune.check_pace
+    monkeypatch.setattr(prune, "check_pace", lambda left, top, searched, spent, limit: (
+        seen.append((left, searched)), real(left, top, searched, spent, limit)))
+    grid = dict(stages=[1, 2, 4, 8], tensor_parallel=[1, 2, 4, 8], micro_batch_size=[1, 2, 4], interleave=[1, 2],
+                context_parallel=[1, 2])
+    config = os.path.join(EXAMPLES, "llama2_7b_config.json")
+    small = sweep(config, grid, gpus=64, global_batch=256, top=10, max_seconds=3600, seq=4096, backend="numpy",
+                  capacity="4.5GiB")  # 3 of 162 fit: the rest proved not to, then searched for their rows
+    assert sum(r["feasible"] for r in small.rows) < 10 and small.searched == 162
+    assert seen and all(small.searched - searched <= left for left, searched in seen), seen
+    seen.clear()
+    wide = sweep(config, grid, gpus=64, global_batch=256, top=20, max_seconds=3600, seq=4096, backend="numpy")
+    assert wide.searched < 162 and seen[0][0] <= prune.ROUND  # 16 searched, no 20th row yet: the next round
