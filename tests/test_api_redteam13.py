@@ -342,3 +342,21 @@ def test_summary_refuses_what_is_no_timeline():
     for t in (None, "x", 5):
         _raises(lambda t=t: S.summary(t, "x"), "t must be a Timeline")
     assert "iteration time 4" in S.summary(S.simulate([[1.0]], [[1.0]], 2), "one stage")
+
+
+def test_options_without_a_name_are_looked_up_as_the_model_names_them():
+    """A review's finding: option-like objects without ``name`` (which a model accepts and names by
+    ``str``) were looked up by None, blaming a ``names`` the caller never gave."""
+    from gpuknap.schedule import of_split
+    from gpuknap.search import PipelineModel
+
+    class Opt:
+        def __init__(self, f, b, m):
+            self.forward_time, self.backward_time, self.m = f, b, m
+
+        def memory(self, k):
+            return self.m * k
+
+    model = PipelineModel(["body"] * 8, {"body": [Opt(1.0, 2.0, 1e6)]}, {"body": 0.0}, capacity=1e9, micro_batches=8)
+    *_, simulated = of_split(model, [4, 4], 1e6)
+    assert simulated == (8 - 1) * 12.0 + 2 * 12.0  # the 1F1B closed form of two equal stages of 4 x (1 + 2)

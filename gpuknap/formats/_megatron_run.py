@@ -203,7 +203,13 @@ def default_layout(layers: int, pp: int, mtp: int, first: int | None, last: int 
         vp = virtual
     if vp == 1:  # arguments.py: one virtual stage is none
         vp = None
-    if uneven:  # transformer_config.py __post_init__ (uneven PP)
+    if uneven and pp == 1:  # the one rank is first and last: it builds the last count if given, else the first
+        only = last if last is not None else first
+        if only != layers:
+            raise fail(f"one pipeline stage builds --decoder-{'last' if last is not None else 'first'}-pipeline-num-"
+                       f"layers {only} layers, and the model has {layers} (--num-layers)")
+        per_rank = [only]
+    elif uneven:  # transformer_config.py __post_init__ (uneven PP)
         middle, left = layers, pp
         for name, n in (("first", first), ("last", last)):
             if n is None:
@@ -233,7 +239,7 @@ def default_layout(layers: int, pp: int, mtp: int, first: int | None, last: int 
         per_rank = [(layers + extra) // pp] * pp
     chunks = vp or 1  # at PP 1 Megatron refuses virtual stages (arguments.py; check_layout says so)
     if any(n % chunks for n in per_rank):
-        raise fail(f"{per_rank[0] if per_rank[0] % chunks else per_rank[-1]} layers on a pipeline rank are not "
+        raise fail(f"{next(n for n in per_rank if n % chunks)} layers on a pipeline rank are not "
                    f"divisible by its {chunks} virtual stages (transformer_config.py, transformer_block.py)")
     segments = []
     for c in range(chunks):

@@ -53,7 +53,7 @@ def plan_options(model: Any, counts: Sequence[int], names: Sequence[str], chunks
         if named is None:  # the first option of a name (a model refuses two of one name)
             named = by_kind[kind] = {}
             for o in model.fronts[kind]:
-                named.setdefault(getattr(o, "name", None), o)
+                named.setdefault(getattr(o, "name", str(o)), o)  # as model.option_names names it
         try:
             option = None if name is None else named.get(name)
         except TypeError:  # unhashable

@@ -167,6 +167,13 @@ def test_default_split_examples():
         "Ettt|" + "t" * 5 + "|" + "t" * 5 + "|ttmL"
     with pytest.raises(ValueError, match="not divisible by --pipeline-model-parallel-size 4"):
         default_layout(30, 4, 0, None, None, False, False, None, None, "x")
+    # a review's findings: one stage given first and last counts builds the last (Megatron accepts it when that is
+    # every layer); a refusal names the rank whose layers do not divide into its virtual stages (the middle one)
+    assert default_layout(5, 1, 0, 2, 5, False, False, None, None, "x") == "E" + "t" * 5 + "L"
+    with pytest.raises(ValueError, match="builds --decoder-last-pipeline-num-layers 4 layers, and the model has 5"):
+        default_layout(5, 1, 0, 2, 4, False, False, None, None, "x")
+    with pytest.raises(ValueError, match="^x: 3 layers on a pipeline rank are not divisible by its 2 virtual"):
+        default_layout(11, 3, 0, 4, 4, False, False, None, 2, "x")
 
 
 def test_a_script_with_the_default_layout_and_without_one_read_the_same(capsys, tmp_path):
