@@ -252,9 +252,17 @@ def load_data(data: Any, path: str) -> Settings:
     lists = {"recompute": rc.get("recompute", False)}
     for key in ("select_recompute", "select_comm_recompute"):
         lists[key] = rc.get(key, False) if legacy else config.get(key, False)
-        if not legacy and rc.get(key, False) not in (False, None, 0, []):
-            notes.append(f"recompute_config.{key} is not read by mcore models (use_legacy: False): "
-                         f"model.model_config.{key} is")
+        if legacy:
+            continue
+        given = rc.get(key, False) not in (False, None, 0, [])
+        if key in config:  # r1.6 reads it; r1.7 and later refuse it beside recompute_config's
+            notes.append(f"model.model_config.{key} read as MindFormers r1.6 reads it for mcore models (use_legacy: "
+                         f"False); r1.7 and later read recompute_config.{key} instead and refuse this one "
+                         "(transformer_config_utils.py: multiple configurations)")
+        elif given:  # r1.7 and later read it (transformer_config_utils.py maps the recompute dict); r1.6 does not
+            lists[key] = rc[key]
+            notes.append(f"recompute_config.{key} read as MindFormers r1.7 and later read it for mcore models "
+                         "(use_legacy: False); r1.6 ignores it (it reads model.model_config's)")
     for key in ("select_recompute_exclude", "select_comm_recompute_exclude"):
         if rc.get(key, False) not in (False, None, [], {}):
             raise ValueError(f"{path}: recompute_config.{key}: exclusions from select recompute are not modelled")

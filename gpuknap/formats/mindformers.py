@@ -110,7 +110,9 @@ def dump(plan: FrameworkPlan) -> str:
              + (f", score {plan.score:.6g}" if plan.score is not None else "")]
     lines += [f"# {note}" for note in plan.notes]
     lines.append("# merge these keys into your MindFormers configuration: legacy models read the recompute lists "
-                 "in recompute_config, mcore models (use_legacy: False) the select lists in model_config")
+                 "in recompute_config, mcore models (use_legacy: False) the select lists in model_config on r1.6; "
+                 "on r1.7 and later mcore models read them in recompute_config: delete model_config's select_recompute "
+                 "and select_comm_recompute there (they refuse both)")
     if run is not None:
         lines.append(f"# runs on {run.gpus} NPUs/GPUs: data_parallel x model_parallel x context_parallel x "
                      "pipeline_stage" + (f"; gpuknap assumed expert tensor parallelism {run.etp}" if run.moe else ""))

@@ -155,19 +155,23 @@ def test_mindformers_yaml_mentioning_megatron_flags_in_a_comment_is_mindformers(
     assert isinstance(read_settings(str(path)), mindformers.Settings)
 
 
-def test_mcore_reads_select_lists_from_model_config(tmp_path):
-    """transformer_config_utils.py converts only ``recompute`` from the recompute configuration:
-    an mcore model's select lists live in model_config; those in recompute_config do nothing."""
+def test_mcore_reads_select_lists_where_its_release_does(tmp_path):
+    """transformer_config_utils.py: r1.6 converts only ``recompute`` from the recompute configuration,
+    so an mcore model's select lists live in model_config; r1.7 and later convert every key of the
+    recompute dict and refuse model_config's beside it (a red team's finding).  A list only in
+    recompute_config is read as r1.7 reads it, one in model_config as r1.6 does, each with a note."""
     body = MF + "recompute_config: {select_recompute: [3, 0]}\n"
     path = tmp_path / "legacy.yaml"
     path.write_text(body)
-    assert read_settings(str(path)).select == (3, 0)
+    assert read_settings(str(path)).select == (3, 0) and not read_settings(str(path)).notes
     path = tmp_path / "mcore.yaml"
     path.write_text(body + "use_legacy: False\n")
     st = read_settings(str(path))
-    assert st.select == (0, 0) and any("not read by mcore" in n for n in st.notes)
-    path.write_text(MF.replace("offset: [0, 0]", "offset: [0, 0], select_recompute: [3, 0]") + "use_legacy: False\n")
-    assert read_settings(str(path)).select == (3, 0)
+    assert st.select == (3, 0) and any("r1.7 and later read it" in n for n in st.notes), st.notes
+    path.write_text(MF.replace("offset: [0, 0]", "offset: [0, 0], select_recompute: [0, 2]") + "use_legacy: False\n"
+                    + "recompute_config: {select_recompute: [3, 0]}\n")
+    st = read_settings(str(path))
+    assert st.select == (0, 2) and any("as MindFormers r1.6 reads it" in n for n in st.notes), st.notes
 
 
 def test_flat_recompute_lists_spread_over_chunks_as_mindformers_does(tmp_path):
