@@ -149,6 +149,14 @@ def _merge(args: argparse.Namespace, settings: Any, source: str) -> dict:
                 raise _bad(f"the settings run --moe-token-dispatcher-type {value}, but --dispatcher {args.dispatcher}; "
                            "drop the flag or fix the file", source)
             extra["dispatcher"] = value
+        elif key == "flash_attention" and formats.is_config(args.spec):  # the attention kernel the settings run
+            extra["flash_attention"] = value
+            if not value:
+                note("use_flash_attention is false" + (f" ({defaulted[key]})" if key in defaulted else "")
+                     + ": the attention scores and softmax are kept for the backward, as costed")
+        elif key == "flash_attention" and not value:
+            raise _bad(f"use_flash_attention false: attention without flash attention is costed only on a Hugging "
+                       f"Face config, and {args.spec} is not one", source)
         elif key == "window" and formats.is_config(args.spec):  # the attention the settings run
             extra["window"] = value
         elif key == "window" and value:

@@ -35,7 +35,7 @@ class ModelCosts:
     ``flops[kind]`` Megatron's model FLOPs of one layer for one micro-batch (forward and
     backward, no recompute), ``params[kind]``/``expert_params[kind]`` per rank, ``p2p`` one
     micro-batch's activations sent to the next stage, ``mtp`` the multi-token-prediction layers
-    costed with the output layer."""
+    costed with the output layer, ``window`` and ``flash_attention`` the attention costed."""
 
     device: Device
     training: Training
@@ -47,6 +47,7 @@ class ModelCosts:
     time_unit: float = 1e-3
     window: int | None = None
     mtp: int = 0
+    flash_attention: bool = True
 
     @property
     def moe(self) -> bool:
@@ -303,7 +304,7 @@ def build(arch: Architecture, tr: Training, device: Device, capacity: float, mic
         activation = ACT * tr.seq * tr.micro_batch / tr.cp * arch.hidden
         p2p = send(activation / tr.tp if tr.sequence_parallel else activation, links(device, tr, "pp")) * MS
     costs = ModelCosts(device, tr, micro_batches, flops, params, expert, p2p, window=arch.window,
-                       mtp=arch.mtp if arch.vocab else 0)
+                       mtp=arch.mtp if arch.vocab else 0, flash_attention=arch.flash_attention)
     return PipelineModel(kinds, fronts, static, capacity, micro_batches, reserved, costs=costs)
 
 

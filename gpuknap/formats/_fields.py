@@ -107,7 +107,7 @@ DEVICE = {"device": "--device", "gpus_per_node": "--gpus-per-node", "efficiency"
           "device_fields": "--device-field"}
 #: Keywords for a run as it was run: every decoder layer's option.
 RECOMPUTE = ("none", "selective", "full", "moe_act", "selective+moe_act")
-BOOLEANS = ("sequence_parallel", "tp_comm_overlap")
+BOOLEANS = ("sequence_parallel", "tp_comm_overlap", "flash_attention")
 
 
 def _training(training: dict, arg: Fields) -> dict:

@@ -211,6 +211,11 @@ def run_keys(data: dict, config: dict, path: str, stages: int, legacy: bool) -> 
         out["micro_batch"] *= slices
     if "seq_length" in config:
         out["seq"] = integer(config["seq_length"], path, "model.model_config.seq_length", 1, 10**7)
+    if "use_flash_attention" in config or whole:  # legacy LlamaConfig defaults it to False, mcore MFModelConfig True
+        out["flash_attention"] = _switch(config.get("use_flash_attention", not legacy), path,
+                                         "model.model_config.use_flash_attention")
+        if "use_flash_attention" not in config and legacy:
+            defaulted["flash_attention"] = "legacy models default use_flash_attention to False (llama_config.py)"
     moe = data.get("moe_config")
     experts = [k for k in MCORE_EXPERTS if isinstance(config.get(k), int) and not isinstance(config.get(k), bool)
                and config[k] > 1]

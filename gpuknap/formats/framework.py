@@ -33,7 +33,8 @@ class Run:
     sequence parallelism, the distributed optimizer, whether the model has MoE layers, and the
     sliding window its attention was costed with (keys a query attends to; None: all), whether
     TP communication was costed overlapped with the GEMMs (Megatron's ``--tp-comm-overlap``), and
-    the MoE token dispatcher costed (``alltoall`` or ``flex``)."""
+    the MoE token dispatcher costed (``alltoall`` or ``flex``), and whether attention was costed as
+    flash attention (scores never stored)."""
 
     tp: int
     cp: int
@@ -50,6 +51,7 @@ class Run:
     window: int | None = None
     tp_comm_overlap: bool = False
     dispatcher: str = "alltoall"
+    flash_attention: bool = True
 
     @property
     def global_batch(self) -> int:
@@ -75,7 +77,7 @@ def run_of(model: Any, stages: int) -> Run | None:
     moe = costs.moe  # from the expert parameters: a fixed recompute (--recompute full) leaves no MOEACT option
     return Run(tr.tp, tr.cp, tr.ep, tr.etp, tr.dp, stages, tr.seq, tr.micro_batch, model.micro_batches,
                bool(tr.sequence_parallel), bool(tr.distributed_optimizer), moe, getattr(costs, "window", None),
-               bool(tr.tp_comm_overlap), tr.dispatcher)
+               bool(tr.tp_comm_overlap), tr.dispatcher, bool(getattr(costs, "flash_attention", True)))
 
 
 def roles(model: Any) -> list[str]:

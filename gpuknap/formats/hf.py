@@ -323,9 +323,12 @@ def model_of(data: Any, where: str, capacity: float, micro_batches: int, reserve
     ``window``: the sliding window every layer attends with as a framework's settings run it, 0 for
     the whole sequence, instead of the config's)."""
     window = training.pop("window", None)
+    flash = training.pop("flash_attention", None)  # the attention kernel a framework's settings run
     arch = architecture(data, where)
     if window is not None:
         arch = replace(arch, window=window or None)
+    if flash is not None:
+        arch = replace(arch, flash_attention=flash)
     try:
         tr = Training(**training)
     except (TypeError, ValueError) as exc:

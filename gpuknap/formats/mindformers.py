@@ -147,7 +147,8 @@ def dump(plan: FrameworkPlan) -> str:
     lines += ["model:", "  model_config:", f"    num_layers: {st.num_layers}"]
     if run is not None:
         lines.append(f"    seq_length: {run.seq}")
-        lines += ["    use_flash_attention: True"] if run.cp > 1 else []  # context parallelism needs it
+        # the attention costed; legacy models default to False, and context parallelism needs it True
+        lines.append(f"    use_flash_attention: {run.flash_attention}")
     lines += [f"    mtp_depth: {st.mtp}"] if st.mtp else []
     lines.append(f"    offset: {show(offset)}")
     lines += [f"    pp_interleave_num: {v}"] if v > 1 else []

@@ -146,6 +146,9 @@ def _load(path: Any, capacity: Any, micro_batches: Any, stages: Any, bucket: Any
                          f"a config's fields; add the model_type its model has (e.g. \"llama\")")
     if "window" in training:
         raise ValueError(f"window: the attention window applies to a Hugging Face config, and {path} is not one")
+    if training.pop("flash_attention", True) is False:
+        raise ValueError(f"flash_attention: attention without flash attention is costed on a Hugging Face config, "
+                         f"and {path} is not one")
     analytic = isinstance(data, Mapping) and "transformer" in data and "layers_description" not in data
     if training and not analytic:
         name = next((k for k in sorted(training) if k != "device"), None)

@@ -132,3 +132,39 @@ def test_context_parallel_algorithms_other_than_the_ring_are_refused(capsys, tmp
     if "bogus" not in algo:  # without context parallelism the algorithm takes no effect (transformer.py)
         one = _edit(tmp_path, MIXTRAL_FILE, "  data_parallel: 8\n", f"  data_parallel: 8\n  {algo}\n", "one.yaml")
         assert _scored(capsys, one, MIXTRAL)["best"] == _scored(capsys, MIXTRAL_FILE, MIXTRAL)["best"]
+
+
+# 4: use_flash_attention, whose legacy default is False
+
+def test_attention_without_flash_is_costed_as_the_file_runs_it(capsys, tmp_path):
+    """Legacy models default ``use_flash_attention`` to False (``llama_config.py``), mcore models to
+    True; without it the attention scores and softmax are kept for the backward (a red team found the
+    key never read, and a file leaving it out costed with flash attention).  The same run with the key
+    False or left out costs more activation memory than with it True, as the cost model's own
+    Architecture(flash_attention=False) does."""
+    from gpuknap.formats import hf
+
+    flash = _scored(capsys, MIXTRAL_FILE, MIXTRAL)
+    off = _edit(tmp_path, MIXTRAL_FILE, "    use_flash_attention: True\n", "    use_flash_attention: False\n")
+    gone = _edit(tmp_path, MIXTRAL_FILE, "    use_flash_attention: True\n", "", name="gone.yaml")
+    results = []
+    for path in (off, gone):
+        rc, out, err = _rank(capsys, path, MIXTRAL)
+        assert rc in (0, 1) and "use_flash_attention is false" in err, err
+        payload = json.loads(out)
+        payload.pop("from")
+        results.append(payload)
+    assert results[0]["best"] == results[1]["best"] != flash["best"]
+    with open(MIXTRAL) as f:
+        data = json.load(f)
+    seq = 4096
+    a, b = (hf.model_of(data, "m", 80 * 2**30, 2, seq=seq, flash_attention=v, tensor_parallel=1, data_parallel=1)
+            for v in (True, False))
+    assert b.fronts["moe"][0].memory(1) > a.fronts["moe"][0].memory(1)  # the scores kept
+    assert read_settings(gone).run["flash_attention"] is False  # a legacy file (use_legacy defaults to True)
+    mcore = tmp_path / "mcore.yaml"
+    mcore.write_text(open(gone).read() + "use_legacy: False\n")
+    assert read_settings(str(mcore)).run["flash_attention"] is True  # MFModelConfig's default
+    from gpuknap.formats import load_spec
+    with pytest.raises(ValueError, match="flash_attention: attention without flash attention is costed on a Hugging"):
+        load_spec(os.path.join(EXAMPLES, "llama2_70b.json"), flash_attention=False)

@@ -269,7 +269,8 @@ def test_a_whole_run_without_a_switch_runs_without_it(capsys, tmp_path):
                         "--tp", "8") == on  # a fragment: the command line's default (on)
     mf = ("parallel_config: {pipeline_stage: 4, micro_batch_num: 16, model_parallel: 8, data_parallel: 1%s}\n"
           "runner_config: {batch_size: 2}\n"
-          "model: {model_config: {num_layers: 32, offset: [0, 0, 0, 0], seq_length: 4096}}\n")
+          "model: {model_config: {num_layers: 32, offset: [0, 0, 0, 0], seq_length: 4096, "
+          "use_flash_attention: True}}\n")  # (a legacy model's default is False)
     assert _activations(capsys, tmp_path, mf % "", "a.yaml") == _activations(
         capsys, tmp_path, mf % ", use_seq_parallel: False", "b.yaml")
     assert _activations(capsys, tmp_path, mf % ", use_seq_parallel: True", "c.yaml") == on
