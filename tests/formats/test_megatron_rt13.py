@@ -7,7 +7,6 @@ Megatron's sources: NVIDIA/Megatron-LM ``megatron/training/arguments.py`` (valid
 from __future__ import annotations
 
 import itertools
-import json
 import os
 
 import pytest
@@ -17,6 +16,7 @@ from gpuknap.cli import main
 from gpuknap.formats import megatron
 from gpuknap.formats._arguments import arguments
 from gpuknap.formats._megatron_run import default_layout
+from test_megatron_redteam import rank, refused, scored as _scored  # noqa: F401 (rank: the others' helper)
 
 LLAMA = os.path.join(EXAMPLES, "llama2_7b_config.json")
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
@@ -27,28 +27,8 @@ BASE = ("python pretrain_gpt.py --tensor-model-parallel-size 2 --pipeline-model-
 RUN = ["--capacity", "80GiB", "--dp", "1", "--quiet"]
 
 
-def rank(capsys, tmp_path, content, *extra, spec=LLAMA, name="run.sh"):
-    path = tmp_path / name
-    path.write_text(content)
-    rc = main(["rank", spec, "--from", str(path), *extra])
-    out = capsys.readouterr()
-    return rc, out.out, out.err, str(path)
-
-
-def refused(capsys, tmp_path, content, says, *extra, spec=LLAMA):
-    rc, _, err, path = rank(capsys, tmp_path, content, *extra, spec=spec)
-    lines = err.strip().splitlines()
-    assert rc == 2 and len(lines) == 1 and "Traceback" not in err, err
-    for word in [path, *says]:
-        assert word in lines[0], (word, lines[0])
-
-
 def scored(capsys, tmp_path, content, *extra, spec=LLAMA, name="run.sh"):
-    rc, out, err, _ = rank(capsys, tmp_path, content, "--json", *extra, spec=spec, name=name)
-    assert rc in (0, 1), err
-    payload = json.loads(out)
-    payload.pop("from")
-    return payload
+    return _scored(capsys, tmp_path, content, *extra, spec=spec, name=name)[0]
 
 
 # 9: Megatron's split without --pipeline-model-parallel-layout

@@ -11,9 +11,9 @@ import os
 import pytest
 from paths import EXAMPLES
 
-from gpuknap.cli import main
 from gpuknap.formats import read_settings
 from gpuknap.formats._mindformers_checks import MOE_CONFIG
+from test_mindformers_redteam import _rank, _refused, _scored
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 MIXTRAL_FILE = os.path.join(DATA, "mindformers_r130_mixtral_8x7b_pretrain.yaml")
@@ -29,28 +29,6 @@ def _edit(tmp_path, source, old, new, name="mf.yaml"):
     path = tmp_path / name
     path.write_text(text.replace(old, new, 1))
     return str(path)
-
-
-def _rank(capsys, path, spec, *extra):
-    rc = main(["rank", spec, "--from", path, "--quiet", "--json", *extra])
-    out = capsys.readouterr()
-    return rc, out.out, out.err
-
-
-def _refused(capsys, path, spec, words, *extra):
-    rc, _, err = _rank(capsys, path, spec, *extra)
-    lines = err.strip().splitlines()
-    assert rc == 2 and len(lines) == 1 and "Traceback" not in err, err
-    for word in [path, *words]:
-        assert word in lines[0], (word, lines[0])
-
-
-def _scored(capsys, path, spec, *extra):
-    rc, out, err = _rank(capsys, path, spec, *extra)
-    assert rc in (0, 1), err
-    payload = json.loads(out)
-    payload.pop("from")
-    return payload
 
 
 # 1: moe_config keys
