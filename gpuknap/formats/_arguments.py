@@ -158,7 +158,8 @@ def arguments(text: str, path: str) -> dict[str, tuple[list[str], int]]:
         if flag not in READ:
             near = misspelt(flag, READ, KNOWN)
             if near is not None:
-                raise ValueError(f"{path}: line {line}: unknown flag {flag} (did you mean {near}?); Megatron would "
+                shown = flag if flag.isprintable() and flag == flag.strip() else repr(flag)  # a quoted space shows
+                raise ValueError(f"{path}: line {line}: unknown flag {shown} (did you mean {near}?); Megatron would "
                                  "refuse it and gpuknap would ignore it")
             continue
         if flag in out:

@@ -290,3 +290,9 @@ def test_a_variable_after_an_equals_sign_is_expanded_as_after_a_space(capsys, tm
     assert scored(capsys, tmp_path, in_array, *RUN, name="c.sh")["best"] == spaced["best"]
     refused(capsys, tmp_path, BASE.replace("--micro-batch-size 1", "--micro-batch-size=$UNSET") + "\n",
             ["--micro-batch-size $UNSET", "shell variable"], *RUN)
+
+
+def test_an_unknown_flag_with_a_quoted_space_is_shown_with_the_space():
+    """A review's finding: a quoted word with a trailing space was called unknown, suggesting itself."""
+    with pytest.raises(ValueError, match=r"unknown flag '--recompute-activations ' \(did you mean --recompute-activations"):
+        arguments('python pretrain_gpt.py "--recompute-activations " --num-layers 2\n', "a.sh")
