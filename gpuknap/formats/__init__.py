@@ -150,10 +150,16 @@ def read_settings(path: str | os.PathLike) -> Any:
         data, error = None, exc
         if "given twice" in str(exc):
             raise
+    if isinstance(data, dict) and isinstance(data.get("MODEL_ARGS"), dict):  # Megatron's functional tests
+        raise ValueError(f"{path}: MODEL_ARGS: a Megatron functional test's model_config.yaml, whose flags its "
+                         "harness writes out (tests/functional_tests/shell_test_utils/_run_training.sh); gpuknap "
+                         "reads the flags themselves: write them as --flag value lines of a text file")
     if isinstance(data, dict) and (any(k in data for k in _MF_SECTIONS) or not looks_like_arguments(text)):
         return mindformers_read.load_data(data, path)
     if looks_like_arguments(text):
         return megatron.load_text(text, path)
+    if error is not None and any(f"{k}:" in text for k in _MF_SECTIONS):  # a MindFormers file YAML cannot read
+        raise error
     raise ValueError(f"{path}: neither Megatron arguments (no --flags) nor a MindFormers configuration "
                      "(no parallel_config or model sections)" + (f"; as YAML: {error}" if error else ""))
 

@@ -146,3 +146,19 @@ def test_attention_without_flash_is_costed_as_the_file_runs_it(capsys, tmp_path)
     from gpuknap.formats import load_spec
     with pytest.raises(ValueError, match="flash_attention: attention without flash attention is costed on a Hugging"):
         load_spec(os.path.join(EXAMPLES, "llama2_70b.json"), flash_attention=False)
+
+
+def test_yaml_that_cannot_be_read_says_so_and_megatron_test_configs_are_named(tmp_path):
+    """A review's findings: a MindFormers file YAML cannot parse was called neither Megatron's nor
+    MindFormers' (it has their sections); a Megatron functional test's MODEL_ARGS mapping met shell
+    errors about pipes."""
+    tab = tmp_path / "tab.yaml"
+    tab.write_text("parallel_config:\n\tpipeline_stage: 2\nmodel:\n  model_config: {num_layers: 4}\n")
+    with pytest.raises(ValueError) as err:
+        read_settings(str(tab))
+    assert "not valid YAML at line 2" in str(err.value) and "neither" not in str(err.value)
+    test = tmp_path / "model_config.yaml"
+    test.write_text("ENV_VARS:\n  CUDA_DEVICE_MAX_CONNECTIONS: 1\nMODEL_ARGS:\n  --num-layers: 4\n"
+                    "  --pipeline-model-parallel-layout: Et*2|t*2L\n")
+    with pytest.raises(ValueError, match="MODEL_ARGS: a Megatron functional test's model_config.yaml"):
+        read_settings(str(test))
