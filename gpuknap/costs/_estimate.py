@@ -18,7 +18,7 @@ import numpy as np
 
 from ..engine import short
 from ..schedule import chunk_times, iteration_time, plan_options
-from ..search import PipelineModel
+from ..search import pipeline_model
 from ._build import ModelCosts
 
 #: Components of a stage's time, in the order reports show them.
@@ -45,7 +45,7 @@ def estimate(model: Any, counts: Sequence[int], names: Sequence[str], chunks: in
     model has no cost model (a measured profile).  ValueError naming ``model``, ``counts``,
     ``chunks`` or ``names[i]`` for a plan that is not one of this model
     (:func:`gpuknap.schedule.plan_options`)."""
-    _check_model(model)
+    pipeline_model(model)
     times = chunk_times(model, counts, names, chunks)  # validates the plan, cost model or not
     if model.costs is None:
         return None
@@ -53,12 +53,6 @@ def estimate(model: Any, counts: Sequence[int], names: Sequence[str], chunks: in
     schedule = "interleaved" if chunks > 1 else "1f1b"
     span = iteration_time(times.forward, times.backward, model.micro_batches, schedule, pipeline_send(model, p))
     return run_of(model, counts, names, chunks, span)
-
-
-def _check_model(model: Any) -> PipelineModel:
-    if not isinstance(model, PipelineModel):
-        raise ValueError(f"model must be a PipelineModel, got {type(model).__name__}")
-    return model
 
 
 def pipeline_send(model: Any, stages: int) -> float:
@@ -74,7 +68,7 @@ def run_of(model: Any, counts: Sequence[int], names: Sequence[str], chunks: int,
     share of it, at most all of it, then the bubble, the wait for a later stage's tail included), so
     every stage's parts sum to the iteration time.  ValueError naming ``model``, ``counts``,
     ``chunks``, ``names[i]`` or ``span`` (a finite time >= 0)."""
-    counts, options = plan_options(_check_model(model), counts, names, chunks)
+    counts, options = plan_options(pipeline_model(model), counts, names, chunks)
     if model.costs is None:
         raise ValueError("model: a measured profile (costs is None) has no cost model to estimate a run with")
     if isinstance(span, (bool, np.bool_)) or not isinstance(span, (int, float, np.integer, np.floating)) \

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..search import PipelineModel
+from ..search import PipelineModel, pipeline_model
 from . import _mindformers_read as mindformers_read
 from . import framework, hf, megatron, mindformers, sapp_ppb, splitfiles
 from ._documents import MAX_FILE_BYTES, check_keys, read_document, read_text, suggest
@@ -41,8 +41,7 @@ def restrict(model: Any, framework_name: str) -> Any:
     full recompute), measured SAPP-PPB profiles MindFormers' five options (Megatron: full recompute)."""
     if framework_name not in EMITTERS:
         raise ValueError(f"framework_name: expected one of {', '.join(EMITTERS)}, got {framework_name!r}")
-    if not isinstance(model, PipelineModel):
-        raise ValueError(f"model must be a PipelineModel, got {type(model).__name__}")
+    pipeline_model(model)
     runs = RUNS[framework_name]["measured" if getattr(model, "costs", None) is None else "costed"]
     role = dict(zip(model.kinds, framework.roles(model)))
     fronts = {}
@@ -68,8 +67,7 @@ def emit(framework_name: str, model: Any, counts: Any, choice: Any = None, name:
     ``model_flags``: Megatron flags of the model's experts (:func:`megatron_model_flags`)."""
     if framework_name not in EMITTERS:
         raise ValueError(f"framework_name: expected one of {', '.join(EMITTERS)}, got {framework_name!r}")
-    if not isinstance(model, PipelineModel):
-        raise ValueError(f"model must be a PipelineModel, got {type(model).__name__}")
+    pipeline_model(model)
     if names is None:
         if choice is None:
             raise ValueError("choice: give the split's solved choice, or its option names (names=)")

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..schedule import plan_options
-from ..search import PipelineModel, run_names
+from ..search import pipeline_model, run_names
 
 EMBEDDING, DECODER, LOSS, MTP = "E", "t", "L", "m"
 
@@ -148,8 +148,7 @@ def framework_plan(model: Any, counts: Sequence[int], names: Sequence[str], chun
     """The :class:`FrameworkPlan` of a split whose layers run ``names`` (model order); ``mtp``
     multi-token-prediction layers follow the last decoder layer (frameworks place them; the cost
     model counts them with the output layer, on the last stage); ``notes`` become comment lines."""
-    if not isinstance(model, PipelineModel):
-        raise ValueError(f"model must be a PipelineModel, got {type(model).__name__}")
+    pipeline_model(model)
     counts = model.check_counts(list(counts), chunks)
     if isinstance(names, (str, bytes)) or not isinstance(names, (Sequence, np.ndarray)):
         raise ValueError(f"names must be a sequence of option names, one per layer, got {type(names).__name__}")

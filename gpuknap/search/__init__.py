@@ -22,7 +22,7 @@ from ._patterns import (FRAMEWORKS, GROUPED, Pattern, Rule, apply, decoder_kinds
 from ._classify import KindIndex, classify, kind_counts, kind_index
 from ._interleaved import (EVEN_MARGIN, TupleSource, counts_of, even_candidate, even_counts, even_is_faster, interleaved_score,
                            one_body_kind)
-from ._model import MAX_IN_FLIGHT, MAX_LAYERS, PipelineModel
+from ._model import MAX_IN_FLIGHT, MAX_LAYERS, PipelineModel, pipeline_model
 from ._plain import SegmentSource, front_table, plain_search, variants
 from ._rounds import Found, Score, Solver, certified_rounds, first_limit, run_rounds
 from ._segments import (
@@ -40,7 +40,7 @@ __all__ = [
     "SCORES", "best_interleaved", "best_splits", "interleaved_counts", "interleaved_rounds",
     "KindIndex", "classify", "kind_counts", "kind_index", "TupleSource", "counts_of", "EVEN_MARGIN", "even_candidate", "even_counts", "even_is_faster", "interleaved_score",
     "one_body_kind",
-    "MAX_IN_FLIGHT", "MAX_LAYERS", "PipelineModel", "SegmentSource", "front_table", "plain_search", "variants",
+    "MAX_IN_FLIGHT", "MAX_LAYERS", "PipelineModel", "pipeline_model", "SegmentSource", "front_table", "plain_search", "variants",
     "Found", "Score", "Solver", "certified_rounds", "first_limit", "run_rounds",
     "SegmentPlan", "SegmentTable", "coverage", "fastest_prefix", "plan_segments", "segment_table",
     "segment_times", "exact_score", "score_of",

@@ -54,7 +54,7 @@ from ._interleaved import (
     simulated_rows,
 )
 from ._local import even_split, local_search, overflow_rows
-from ._model import PipelineModel
+from ._model import PipelineModel, pipeline_model
 from ._plain import plain_search
 from ._rounds import Found, Solver, certified_rounds, first_limit, run_rounds
 from ._segments import fastest_prefix
@@ -103,8 +103,7 @@ def best_splits(model: PipelineModel, stages: int, top: int = 1, score: str = "s
     entries then also carry every layer's option name and each segment's
     pattern); ``bound`` and ``exclusive`` do not combine with it.
     """
-    if not isinstance(model, PipelineModel):
-        raise ValueError(f"model must be a PipelineModel, got {type(model).__name__}")
+    pipeline_model(model)
     stages, top = check_int(stages, "stages", 1), check_int(top, "top", 1)
     if stages > model.layers:
         raise ValueError(f"stages={stages} exceeds the model's {model.layers} layers")

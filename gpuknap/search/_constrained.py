@@ -40,7 +40,7 @@ import numpy as np
 
 from ..engine import MEGABYTE, check_int, report
 from ._constrained_rows import interleaved_constrained
-from ._model import PipelineModel
+from ._model import PipelineModel, pipeline_model
 from ._patterns import (
     GROUPED,
     SCORES,
@@ -132,8 +132,7 @@ def constrained_splits(model: PipelineModel, stages: int, framework: str, top: i
     :class:`Pattern`, chunk-major; None where the engine chose a multiset).  Plain pipelines: exact.
     Interleaved: see :mod:`._constrained_rows` (``exact`` and ``lower_bound`` on the list; ``starts``:
     more splits to start its local search from, such as the unconstrained search's best)."""
-    if not isinstance(model, PipelineModel):
-        raise ValueError(f"model must be a PipelineModel, got {type(model).__name__}")
+    pipeline_model(model)
     stages, top, interleave = check_int(stages, "stages", 1), check_int(top, "top", 1), check_int(interleave,
                                                                                                     "interleave", 1)
     if stages * interleave > model.layers:

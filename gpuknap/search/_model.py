@@ -361,3 +361,11 @@ class PipelineModel:
         if chunks > 1:  # devices hold several chunks: one stage problem per distinct (stage, segments)
             return rank_interleaved(self, arr, p, chunks, table, bucket, backend, max_bytes, rebuild)
         return rank_plain(self, arr, p, table, bucket, backend, max_bytes, rebuild)
+
+
+def pipeline_model(model: Any) -> PipelineModel:
+    """``model`` when it is a :class:`PipelineModel`, else ValueError naming it (the entry points'
+    check of their ``model`` argument)."""
+    if not isinstance(model, PipelineModel):
+        raise ValueError(f"model must be a PipelineModel, got {type(model).__name__}")
+    return model
