@@ -18,9 +18,7 @@ import math
 from dataclasses import dataclass, fields, replace
 from typing import Any, Mapping
 
-import numpy as np
-
-from ..engine import short
+from ..engine import plain, short
 
 GB = 1e9
 GIB = 2**30
@@ -32,18 +30,6 @@ DEFAULT_EFFICIENCY = 0.73
 DEFAULT_MEMORY_EFFICIENCY = 0.9
 #: Share of a link's bandwidth NCCL's ring collectives reach (nccl-tests bus bandwidth, 8-GPU nodes).
 DEFAULT_LINK_EFFICIENCY = 0.8
-
-
-def plain(value: Any) -> Any:
-    """A NumPy scalar as the Python ``bool``, ``int`` or ``float`` it holds (a driver's
-    ``np.int64(8)`` reads as ``8``); anything else unchanged."""
-    if isinstance(value, np.bool_):
-        return bool(value)
-    if isinstance(value, np.integer):
-        return int(value)
-    if isinstance(value, np.floating):
-        return float(value)
-    return value
 
 
 def plain_fields(obj: Any) -> None:

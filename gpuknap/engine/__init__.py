@@ -28,6 +28,7 @@ from ._options import (
                        check_number,
                        option_times,
                        own_fronts,
+                       plain,
                        short,
 )
 from ._problem import (
@@ -67,7 +68,7 @@ __all__ = [
     "BACKENDS", "available_host_bytes", "Backend", "BackendUnavailable", "cupy_available", "get_backend",
     "numba_available",
     "MAX_BYTES", "MAX_TIME", "MEGABYTE", "Front", "FrontTable", "LayerOption", "Layers", "buckets_down",
-    "FrozenMap", "buckets_up", "check_bucket", "check_groups", "check_int", "check_number", "option_times",
+    "FrozenMap", "buckets_up", "check_bucket", "check_groups", "check_int", "check_number", "option_times", "plain",
     "own_fronts", "short",
     "FASTEST", "INFEASIBLE", "KNAPSACK", "StageProblem", "Verdict", "canonical", "kept_bytes", "verdict",
     "Ranking", "compact_codes", "rank", "Assignment", "PipelineChoice", "Stage", "StageChoice",

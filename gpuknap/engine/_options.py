@@ -128,6 +128,18 @@ def check_int(value: Any, field: str, low: int = 0) -> int:
     return int(value)
 
 
+def plain(value: Any) -> Any:
+    """A NumPy scalar as the Python ``bool``, ``int`` or ``float`` it holds (a driver's
+    ``np.int64(8)`` reads as ``8``); anything else unchanged."""
+    if isinstance(value, np.bool_):
+        return bool(value)
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.floating):
+        return float(value)
+    return value
+
+
 def check_number(value: Any, field: str, *, allow_inf: bool = False) -> float:
     """A real number (not NaN; finite unless ``allow_inf``), else ValueError naming ``field``."""
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):

@@ -17,8 +17,7 @@ from typing import Any, Mapping
 
 from ..costs import PRESETS, TransformerConfig, fixed, transformer_model
 from ..costs import device as costs_device
-from ..costs._devices import plain
-from ..engine import MEGABYTE, LayerOption
+from ..engine import MEGABYTE, LayerOption, plain
 from ..search import MAX_IN_FLIGHT, MAX_LAYERS, PipelineModel
 from . import hf, sapp_ppb
 from ._documents import check_keys, read_document

@@ -19,8 +19,7 @@ import socket
 from typing import Any, Mapping
 
 from ..costs import DISPATCHERS
-from ..costs._devices import plain
-from ..engine import MAX_TOP, MEGABYTE, check_int, check_max_bytes, get_backend
+from ..engine import MAX_TOP, MEGABYTE, check_int, check_max_bytes, get_backend, plain
 from ..search import PipelineModel
 from ._cluster import Cluster, _distributed
 from ._explain import order_rows
