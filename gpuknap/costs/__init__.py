@@ -11,7 +11,7 @@ not; MoE with shared experts; MLA), and the models built from them
 from a file is the formats' job; this package only computes.
 """
 from ._arch import Architecture, Experts, LatentAttention
-from ._build import RECOMPUTE, ModelCosts, build, check_run, fixed, options, static_bytes
+from ._build import RECOMPUTE, ModelCosts, build, check_run, fixed, options, parallel_problems, static_bytes
 from ._comm import (DISPATCHERS, Links, Training, all_gather, all_reduce, all_to_all, all_to_all_across, flex_dispatch,
                     links, nodes_reached, placement, send)
 from ._dense import HOPPER_BF16_PEAK, INTEGER_FIELDS, LIMITS, MAX_SIZE, PRESETS, TransformerConfig, gpt, transformer_model
@@ -20,7 +20,7 @@ from ._devices import DEFAULT_DEVICE, DEFAULT_EFFICIENCY, DEVICES, LEAST_EFFICIE
 from ._layers import ACT, FP32, LayerCost, layer_cost
 
 __all__ = [
-    "Architecture", "Experts", "LatentAttention", "RECOMPUTE", "ModelCosts", "build", "check_run", "fixed", "options",
+    "Architecture", "Experts", "LatentAttention", "RECOMPUTE", "ModelCosts", "build", "check_run", "fixed", "options", "parallel_problems",
     "static_bytes", "DISPATCHERS", "Links", "Training", "all_gather", "all_reduce", "all_to_all", "all_to_all_across",
     "flex_dispatch", "links", "nodes_reached", "placement", "send",
     "HOPPER_BF16_PEAK", "INTEGER_FIELDS", "LIMITS", "MAX_SIZE", "PRESETS", "TransformerConfig", "gpt",

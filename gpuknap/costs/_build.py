@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from ..engine import LayerOption
 from ..search import PipelineModel
@@ -112,41 +112,66 @@ class ModelCosts:
         return per_replica * self.micro_batches * self.training.dp
 
 
+def parallel_problems(arch: Architecture, tr: Training) -> Iterator[tuple]:
+    """The rules Megatron applies to parallel sizes for this shape that these sizes break, in order,
+    as data for the caller's words: ``("divides", group, size, dim, value)`` (``group`` of ``tp``,
+    ``ep``, ``etp`` does not divide ``dim`` of ``heads``, ``ffn``, ``experts``, ``expert_ffn``,
+    ``shared_ffn``), ``("kv",)`` (KV heads neither split nor replicated evenly over TP),
+    ``("dense_experts",)`` (expert parallelism on a dense model), ``("flex_etp",)`` (the flex
+    dispatcher at ETP over 1), ``("stage_ranks",)`` (EP x ETP not dividing TP x CP x DP) and
+    ``("sequence", why)`` (:meth:`Training.sequence_rule`)."""
+    t = tr.tp
+    if arch.heads % t:
+        yield "divides", "tp", t, "heads", arch.heads
+    if arch.latent is None and arch.kv % t and t % arch.kv:
+        yield ("kv",)
+    if arch.ffn and not all(arch.moe_layers or [False]) and arch.ffn % t:
+        yield "divides", "tp", t, "ffn", arch.ffn
+    e = arch.experts
+    if e is None and (tr.ep != 1 or tr.etp != t):
+        yield ("dense_experts",)
+    elif e is not None:
+        for group, size, dim, value in (("ep", tr.ep, "experts", e.experts), ("etp", tr.etp, "expert_ffn", e.ffn)):
+            if value % size:
+                yield "divides", group, size, dim, value
+        if tr.dispatcher == "flex" and tr.etp > 1:
+            yield ("flex_etp",)
+        if e.shared_ffn and e.shared_ffn % t:
+            yield "divides", "tp", t, "shared_ffn", e.shared_ffn
+        if tr.stage_ranks % (tr.ep * tr.etp):
+            yield ("stage_ranks",)
+    rule = tr.sequence_rule()
+    if rule:
+        yield "sequence", rule
+
+
+#: How :func:`check_run` names :func:`parallel_problems`' groups and dimensions.
+_FIELDS = {"tp": "tensor_parallel", "ep": "expert_parallel", "etp": "expert_tensor_parallel", "heads": "heads",
+           "ffn": "ffn", "experts": "experts.experts", "expert_ffn": "experts.ffn", "shared_ffn": "experts.shared_ffn"}
+
+
 def check_run(arch: Architecture, tr: Training, device: Device) -> None:
-    """Refuse (ValueError naming the field) arguments of the wrong type and parallel sizes Megatron
-    refuses for this shape: TP dividing the heads, the dense MLP width and the shared experts'
-    width; KV heads split or replicated evenly; EP dividing the experts, ETP their width, EP x
-    ETP the ranks of a stage; the sequence rule of CP and sequence parallelism."""
+    """Refuse (ValueError naming the field) arguments of the wrong type and the first of
+    :func:`parallel_problems`."""
     for name, value, kind in (("arch", arch, Architecture), ("tr", tr, Training), ("device", device, Device)):
         if not isinstance(value, kind):
             raise ValueError(f"{name} must be a gpuknap.costs.{kind.__name__}, got {type(value).__name__}")
-    t = tr.tp
-
-    def divides(size: int, what: str, of: int, field: str) -> None:
-        if of % size:
-            raise ValueError(f"tr.{what}={size} does not divide arch.{field}={of}")
-
-    divides(t, "tensor_parallel", arch.heads, "heads")
-    if arch.latent is None and arch.kv % t and t % arch.kv:
-        raise ValueError(f"arch.kv_heads: {arch.kv} KV heads cannot be split or replicated evenly over "
-                         f"tr.tensor_parallel={t}")
-    if arch.ffn and not all(arch.moe_layers or [False]):
-        divides(t, "tensor_parallel", arch.ffn, "ffn")
-    if arch.experts is None:
-        if tr.ep != 1 or tr.etp != t:
-            raise ValueError(f"tr.expert_parallel={tr.ep}, expert_tensor_parallel={tr.etp}: expert parallelism "
-                             "applies to MoE models only (arch.experts is None)")
-    else:
-        divides(tr.ep, "expert_parallel", arch.experts.experts, "experts.experts")
-        divides(tr.etp, "expert_tensor_parallel", arch.experts.ffn, "experts.ffn")
-        if arch.experts.shared_ffn:
-            divides(t, "tensor_parallel", arch.experts.shared_ffn, "experts.shared_ffn")
-        if tr.stage_ranks % (tr.ep * tr.etp):
-            raise ValueError(f"tr.expert_parallel x expert_tensor_parallel = {tr.ep * tr.etp} must divide the "
-                             f"{tr.stage_ranks} ranks of a pipeline stage (TP x CP x DP)")
-    rule = tr.sequence_rule()
-    if rule:
-        raise ValueError(f"tr: {rule}")
+    problem = next(parallel_problems(arch, tr), None)
+    if problem is None:
+        return
+    kind, *data = problem
+    if kind == "divides":
+        group, size, dim, value = data
+        raise ValueError(f"tr.{_FIELDS[group]}={size} does not divide arch.{_FIELDS[dim]}={value}")
+    raise ValueError({
+        "kv": f"arch.kv_heads: {arch.kv} KV heads cannot be split or replicated evenly over "
+              f"tr.tensor_parallel={tr.tp}",
+        "dense_experts": f"tr.expert_parallel={tr.ep}, expert_tensor_parallel={tr.etp}: expert parallelism "
+                         "applies to MoE models only (arch.experts is None)",
+        "flex_etp": f"tr.dispatcher: the flex dispatcher is costed at expert_tensor_parallel=1, got {tr.etp}",
+        "stage_ranks": f"tr.expert_parallel x expert_tensor_parallel = {tr.ep * tr.etp} must divide the "
+                       f"{tr.stage_ranks} ranks of a pipeline stage (TP x CP x DP)",
+        "sequence": f"tr: {data[0] if data else ''}"}[kind])
 
 
 def _reduced(dense: float, expert: float, tr: Training, device: Device) -> list[tuple]:

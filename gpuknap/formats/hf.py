@@ -21,7 +21,7 @@ import os
 from dataclasses import replace
 from typing import Any, Mapping
 
-from ..costs import MAX_SIZE, Architecture, Experts, LatentAttention, Training, build, fixed
+from ..costs import MAX_SIZE, Architecture, Experts, LatentAttention, Training, build, fixed, parallel_problems
 from ..costs import device as costs_device
 from ..engine import MEGABYTE, short
 from ..search import PipelineModel
@@ -51,11 +51,6 @@ def _count(data: Mapping, key: str, where: str, default: Any = None) -> int:
     if value > MAX_SIZE:  # named here, by the config's own field, before the cost model sees it
         raise ValueError(f"{where}: {key}: expected an integer from 1 to {MAX_SIZE:,}, got {value:,}")
     return value
-
-
-def _divides(size: int, flag: str, value: int, key: str, where: str) -> None:
-    if value % size:
-        raise ValueError(f"{where}: {key}: {value} is not divisible by the {flag} size {size}")
 
 
 def _moe_layout(data: Mapping, kind: str, layers: int, where: str) -> list[bool]:
@@ -284,36 +279,30 @@ def sliding_window(data: Mapping, kind: str, layers: int, where: str) -> tuple[i
 
 
 def check_parallel(arch: Architecture, tr: Training, where: str, family: str = "") -> None:
-    """The divisibility rules Megatron applies, the same for every family (ValueError naming the
-    config's field and the flag)."""
+    """The divisibility rules Megatron applies (:func:`gpuknap.costs.parallel_problems`), the same
+    for every family (ValueError naming the config's field and the flag)."""
     names = EXPERT_FIELDS.get(family, ("number of experts", "expert intermediate size", "shared experts' size"))
-    t = tr.tp
-    _divides(t, "tensor-parallel (--tp)", arch.heads, "num_attention_heads", where)
-    if arch.latent is None and arch.kv % t and t % arch.kv:
-        raise ValueError(f"{where}: num_key_value_heads: {arch.kv} KV heads cannot be split or replicated "
-                         f"evenly over tensor-parallel size {t} (--tp)")
-    if arch.ffn and not all(arch.moe_layers or [False]):
-        _divides(t, "tensor-parallel (--tp)", arch.ffn, "intermediate_size", where)
-    if arch.experts is None:
-        if tr.ep != 1 or tr.expert_tensor_parallel not in (None, t):
-            flag = "--ep" if tr.ep != 1 else "--etp"
-            raise ValueError(f"{where}: expert parallelism ({flag}) applies to MoE models only")
-    else:
-        _divides(tr.ep, "expert-parallel (--ep)", arch.experts.experts, names[0], where)
-        _divides(tr.etp, "expert-tensor-parallel (--etp)", arch.experts.ffn, names[1], where)
-        if tr.dispatcher == "flex" and tr.etp > 1:
-            default = " (the TP size)" if tr.expert_tensor_parallel is None else ""
-            raise ValueError(f"{where}: the flex dispatcher (--dispatcher flex: DeepEP, HybridEP) is costed at "
-                             f"expert-tensor-parallel size 1, and it is {tr.etp}{default}; give --etp 1")
-        if arch.experts.shared_ffn:
-            _divides(t, "tensor-parallel (--tp)", arch.experts.shared_ffn, names[2], where)
-        if tr.stage_ranks % (tr.ep * tr.etp):
-            raise ValueError(f"{where}: expert-parallel x expert-tensor-parallel = {tr.ep * tr.etp} (--ep, --etp) must "
-                             f"divide the {tr.stage_ranks} ranks of a pipeline stage (TP x CP x DP = {tr.tp} x {tr.cp} x "
-                             f"{tr.dp}{'; give the data-parallel size, --dp' if tr.dp == 1 else ''})")
-    rule = tr.sequence_rule()
-    if rule:
-        raise ValueError(f"{where}: {rule}")
+    problem = next(parallel_problems(arch, tr), None)
+    if problem is None:
+        return
+    kind, *data = problem
+    if kind == "divides":
+        group, size, dim, value = data
+        flag = {"tp": "tensor-parallel (--tp)", "ep": "expert-parallel (--ep)", "etp": "expert-tensor-parallel (--etp)"}
+        key = {"heads": "num_attention_heads", "ffn": "intermediate_size", "experts": names[0], "expert_ffn": names[1],
+               "shared_ffn": names[2]}
+        raise ValueError(f"{where}: {key[dim]}: {value} is not divisible by the {flag[group]} size {size}")
+    default = " (the TP size)" if tr.expert_tensor_parallel is None else ""
+    raise ValueError(f"{where}: " + {
+        "kv": f"num_key_value_heads: {arch.kv} KV heads cannot be split or replicated evenly over tensor-parallel "
+              f"size {tr.tp} (--tp)",
+        "dense_experts": f"expert parallelism ({'--ep' if tr.ep != 1 else '--etp'}) applies to MoE models only",
+        "flex_etp": "the flex dispatcher (--dispatcher flex: DeepEP, HybridEP) is costed at expert-tensor-parallel "
+                    f"size 1, and it is {tr.etp}{default}; give --etp 1",
+        "stage_ranks": f"expert-parallel x expert-tensor-parallel = {tr.ep * tr.etp} (--ep, --etp) must divide the "
+                       f"{tr.stage_ranks} ranks of a pipeline stage (TP x CP x DP = {tr.tp} x {tr.cp} x {tr.dp}"
+                       f"{'; give the data-parallel size, --dp' if tr.dp == 1 else ''})",
+        "sequence": data[0] if data else ""}[kind])
 
 
 def model_of(data: Any, where: str, capacity: float, micro_batches: int, reserved: float = 0.0,
